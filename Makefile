@@ -1,0 +1,37 @@
+# The course's commands. `make help` lists them.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# Examples and tests find torchrun, mpiexec, horovodrun and deepspeed in the venv.
+export PATH := $(abspath $(VENV))/bin:$(PATH)
+export PYTHONUNBUFFERED := 1
+
+.PHONY: help setup doctor demo test bench figures clean
+
+help:
+	@echo "make setup    build .venv: pinned torch/TF/DeepSpeed/MPI, Horovod compiled once and cached"
+	@echo "make doctor   what this machine can run (exit 1 if something the examples need is missing)"
+	@echo "make demo     every example on 2 CPU ranks over real MNIST digits, then a results table"
+	@echo "make test     the test suite (what CI runs)"
+	@echo "make bench    throughput of every framework at 1 and 2 ranks (QUICK=1 for a short run)"
+	@echo "make figures  scaling study and learning-rate lesson figures into assets/"
+
+setup:
+	@bash utils/setup_env.sh
+
+doctor: setup
+	@$(PY) utils/doctor.py
+
+demo: setup
+	@$(PY) utils/demo.py
+
+test: setup
+	$(PY) -m pytest tests
+
+bench: setup
+	@$(PY) utils/bench.py $(if $(QUICK),--quick)
+
+figures: setup
+	@$(PY) utils/figures.py
+
+clean:
+	rm -rf runs .pytest_cache

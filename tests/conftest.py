@@ -1,0 +1,70 @@
+"""Helpers for tests that launch real processes through real launchers, always with a timeout."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent  # the venv's bin: torchrun, mpiexec, horovodrun, deepspeed
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(cmd, timeout=300, env=None, cwd=ROOT):
+    """Run `cmd` in its own process group; on timeout kill the whole group and fail (a hang is a failure)."""
+    full_env = dict(os.environ, PYTHONUNBUFFERED="1", PATH=f"{BIN}:{os.environ.get('PATH', '')}")
+    full_env.update(env or {})
+    proc = subprocess.Popen([str(c) for c in cmd], cwd=cwd, env=full_env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"timed out after {timeout}s: {' '.join(map(str, cmd))}\n--- stdout\n{out[-3000:]}\n"
+                    f"--- stderr\n{err[-3000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def check(result):
+    """Assert exit 0, showing the output's tail when not."""
+    assert result.returncode == 0, (f"exit {result.returncode}: {' '.join(map(str, result.args))}\n"
+                                    f"--- stdout\n{result.stdout[-4000:]}\n--- stderr\n{result.stderr[-4000:]}")
+    return result
+
+
+def metrics(log_dir):
+    with open(Path(log_dir) / "metrics.jsonl") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def summary(log_dir):
+    with open(Path(log_dir) / "summary.json") as f:
+        return json.load(f)
+
+
+def torchrun(nproc, script, *args):
+    return [BIN / "torchrun", "--nproc_per_node", nproc, "--master_addr", "127.0.0.1",
+            "--master_port", free_port(), ROOT / script, *args]
+
+
+def mpiexec(nproc, script, *args):
+    return [BIN / "mpiexec", "-n", nproc, "-env", "MASTER_PORT", free_port(), sys.executable, ROOT / script, *args]
+
+
+def python(script, *args):
+    return [sys.executable, ROOT / script, *args]
+
+
+def error_lines(stderr):
+    """stderr lines that our scripts print for bad input (one per rank)."""
+    return [line for line in stderr.splitlines() if line.startswith("error:") or ": error:" in line]

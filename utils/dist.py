@@ -1,0 +1,218 @@
+"""Who am I? Rank discovery for every launcher the course uses, and the torch.distributed setup.
+
+``discover()`` reads the environment that the launcher left for this process:
+
+==============================  ====================================================================
+launcher                        variables
+==============================  ====================================================================
+torchrun / deepspeed            RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE
+horovodrun (gloo)               HOROVOD_RANK, HOROVOD_LOCAL_RANK, HOROVOD_SIZE, HOROVOD_LOCAL_SIZE
+Cray PALS (Polaris mpiexec)     PALS_RANKID, PALS_LOCAL_RANKID, PMI_SIZE, PALS_LOCAL_SIZE/PMI_LOCAL_SIZE
+MPICH Hydra (laptop mpiexec)    PMI_RANK, PMI_SIZE, MPI_LOCALRANKID, MPI_LOCALNRANKS
+Open MPI (ThetaGPU mpirun)      OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE
+Slurm (srun)                    SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE
+aprun (Theta)                   ALPS_APP_PE, PMI_SIZE
+(none of these)                 mpi4py if an MPI launcher is suspected, else a single process
+==============================  ====================================================================
+"""
+import datetime
+import os
+import socket
+import sys
+from dataclasses import dataclass, asdict
+
+from utils.log import fail
+
+LOOPBACK = "127.0.0.1"
+
+
+@dataclass
+class DistEnv:
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    local_world_size: int = 1
+    launcher: str = "python"
+    device: str = "cpu"
+    backend: str = "none"
+    num_threads: int = 1
+    master_addr: str = LOOPBACK
+    master_port: int = 29500
+
+    @property
+    def is_main(self):
+        return self.rank == 0
+
+    @property
+    def distributed(self):
+        return self.world_size > 1
+
+    def as_dict(self):
+        return asdict(self)
+
+
+def _int(name, default=None):
+    value = os.environ.get(name)
+    return int(value) if value not in (None, "") else default
+
+
+def _slurm_local_size():
+    # SLURM_NTASKS_PER_NODE is set only with --ntasks-per-node; SLURM_TASKS_PER_NODE looks like "4(x2),3".
+    if os.environ.get("SLURM_NTASKS_PER_NODE"):
+        return int(os.environ["SLURM_NTASKS_PER_NODE"])
+    first = os.environ.get("SLURM_TASKS_PER_NODE", "1").split(",")[0]
+    return int(first.split("(")[0])
+
+
+def discover():
+    """Rank, local rank, world size, local world size and launcher name of this process."""
+    env = os.environ
+    if "HOROVOD_RANK" in env and "RANK" not in env:
+        return DistEnv(_int("HOROVOD_RANK"), _int("HOROVOD_LOCAL_RANK", 0), _int("HOROVOD_SIZE"),
+                       _int("HOROVOD_LOCAL_SIZE", 1), "horovodrun")
+    if "RANK" in env and "WORLD_SIZE" in env:
+        # torchrun sets TORCHELASTIC_RUN_ID; DeepSpeed's launcher sets RANK/LOCAL_RANK/WORLD_SIZE without it.
+        launcher = "torchrun" if "TORCHELASTIC_RUN_ID" in env else env.get("COURSE_LAUNCHER", "deepspeed")
+        world = _int("WORLD_SIZE")
+        return DistEnv(_int("RANK"), _int("LOCAL_RANK", 0), world, _int("LOCAL_WORLD_SIZE", _int("LOCAL_SIZE", world)),
+                       launcher)
+    if "PALS_RANKID" in env:
+        size = _int("PMI_SIZE") or _int("PALS_SIZE")
+        return DistEnv(_int("PALS_RANKID"), _int("PALS_LOCAL_RANKID", 0), size,
+                       _int("PALS_LOCAL_SIZE", _int("PMI_LOCAL_SIZE", size)), "mpiexec (PALS)")
+    if "OMPI_COMM_WORLD_RANK" in env:
+        return DistEnv(_int("OMPI_COMM_WORLD_RANK"), _int("OMPI_COMM_WORLD_LOCAL_RANK", 0),
+                       _int("OMPI_COMM_WORLD_SIZE"), _int("OMPI_COMM_WORLD_LOCAL_SIZE", 1), "mpirun (Open MPI)")
+    if "PMI_RANK" in env and "PMI_SIZE" in env:
+        size = _int("PMI_SIZE")
+        return DistEnv(_int("PMI_RANK"), _int("MPI_LOCALRANKID", _int("PMI_LOCAL_RANK", 0)), size,
+                       _int("MPI_LOCALNRANKS", _int("PMI_LOCAL_SIZE", size)), "mpiexec")
+    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
+        return DistEnv(_int("SLURM_PROCID"), _int("SLURM_LOCALID", 0), _int("SLURM_NTASKS"),
+                       _slurm_local_size(), "srun")
+    if "ALPS_APP_PE" in env:
+        size = _int("PMI_SIZE") or _mpi_size()
+        return DistEnv(_int("ALPS_APP_PE"), _int("PMI_LOCAL_RANK", 0), size, _int("PMI_LOCAL_SIZE", 1), "aprun")
+    return DistEnv()
+
+
+def _mpi_size():
+    from mpi4py import MPI
+    return MPI.COMM_WORLD.Get_size()
+
+
+def _mpi_bcast(value):
+    """rank 0's value on every rank, over MPI (only used when the launcher was MPI and ranks span nodes)."""
+    from mpi4py import MPI
+    return MPI.COMM_WORLD.bcast(value, root=0)
+
+
+def pick_device(requested, local_rank):
+    import torch
+    if requested == "cuda" or (requested == "auto" and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            fail("--device cuda: no CUDA device is visible (torch.cuda.is_available() is False)")
+        return f"cuda:{local_rank % torch.cuda.device_count()}"
+    return "cpu"
+
+
+def threads_per_rank(requested, local_world_size):
+    """CPU threads for this rank: --num-threads, else the cores we may use shared by the ranks on this node."""
+    if requested:
+        return requested
+    allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    if allowed < (os.cpu_count() or allowed):
+        return max(1, allowed)  # the launcher already bound this rank to its own cores
+    return max(1, allowed // max(1, local_world_size))
+
+
+def master_address(env):
+    """MASTER_ADDR/PORT: the environment's if set; loopback when every rank is on this host; else rank 0's host."""
+    addr = os.environ.get("MASTER_ADDR")
+    if not addr:
+        if env.local_world_size >= env.world_size:
+            addr = LOOPBACK
+        elif env.launcher.startswith(("mpiexec", "mpirun", "aprun", "srun")):
+            addr = _mpi_bcast(socket.gethostname())
+        else:
+            fail("ranks span several hosts: set MASTER_ADDR to rank 0's host name")
+    return addr, _int("MASTER_PORT", 29500)
+
+
+def init_torch(args):
+    """Discover ranks, pin device and threads, and start torch.distributed when there is more than one rank."""
+    import torch
+    import torch.distributed as dist
+
+    env = discover()
+    env.device = pick_device(args.device, env.local_rank)
+    env.num_threads = threads_per_rank(args.num_threads, env.local_world_size)
+    torch.set_num_threads(env.num_threads)
+    if env.device.startswith("cuda"):
+        torch.cuda.set_device(env.device)
+    if not env.distributed:
+        return env
+
+    backend = args.backend
+    if backend == "auto":
+        backend = "nccl" if env.device.startswith("cuda") else "gloo"
+    if backend == "mpi" and not dist.is_mpi_available():
+        fail("--backend mpi: this torch build has no MPI backend; use gloo (CPU) or nccl (GPU)")
+    if backend == "nccl" and not env.device.startswith("cuda"):
+        fail("--backend nccl needs GPUs; use --backend gloo on CPUs")
+    env.backend = backend
+    env.master_addr, env.master_port = master_address(env)
+    os.environ.update(MASTER_ADDR=env.master_addr, MASTER_PORT=str(env.master_port),
+                      RANK=str(env.rank), WORLD_SIZE=str(env.world_size), LOCAL_RANK=str(env.local_rank))
+    try:
+        dist.init_process_group(backend, rank=env.rank, world_size=env.world_size,
+                                timeout=datetime.timedelta(seconds=args.dist_timeout),
+                                device_id=torch.device(env.device) if backend == "nccl" else None)
+    except Exception as exc:  # e.g. unreachable master, port in use, a peer that never came
+        fail(f"could not start torch.distributed ({backend}) with master "
+             f"{env.master_addr}:{env.master_port}: {str(exc).splitlines()[0]}")
+    return env
+
+
+def default_extensions_dir():
+    """DeepSpeed's JIT-built ops go to a cache outside the checkout (same place as `make setup` uses)."""
+    cache = os.environ.get("SCALING_DL_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "scaling-dl"))
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(cache, "torch_extensions"))
+
+
+# --- small torch.distributed conveniences that also work in a single process --------------------------
+def _initialized():
+    import torch.distributed as tdist
+    return tdist.is_available() and tdist.is_initialized()
+
+
+def barrier():
+    if _initialized():
+        import torch.distributed as tdist
+        tdist.barrier()
+
+
+def broadcast_object(obj):
+    """Rank 0's `obj` on every rank."""
+    if not _initialized():
+        return obj
+    import torch.distributed as tdist
+    box = [obj]
+    tdist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def gather_object(obj):
+    """[obj of rank 0, obj of rank 1, ...] on every rank."""
+    if not _initialized():
+        return [obj]
+    import torch.distributed as tdist
+    out = [None] * tdist.get_world_size()
+    tdist.all_gather_object(out, obj)
+    return out
+
+
+def shutdown():
+    if _initialized():
+        import torch.distributed as tdist
+        tdist.destroy_process_group()

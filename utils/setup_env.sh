@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# make setup: build the course's laptop/CI environment in ./.venv, idempotently.
+#
+#   1. create .venv (Python 3.11)
+#   2. pip install -r requirements.txt (+ requirements-nodeps.txt with --no-deps)
+#   3. build Horovod 0.28.1 from its sdist with our patch (utils/horovod/), or reuse the cached wheel
+#   4. point DeepSpeed's JIT op cache (TORCH_EXTENSIONS_DIR) outside the checkout
+#
+# A second run only checks stamps and takes seconds. Rebuilds happen when requirements, the torch/TF
+# versions, the Horovod patch or the CUDA mode change.
+#
+# Not for ALCF machines: there the frameworks and Cray MPICH come from the conda module, and a venv with
+# the PyPI mpich wheel would shadow them. See README.md ("On ALCF machines").
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${VENV:-$ROOT/.venv}"
+PYTHON="${PYTHON:-python3}"
+CACHE="${SCALING_DL_CACHE:-$HOME/.cache/scaling-dl}"
+HOROVOD_VERSION=0.28.1
+PATCH="$ROOT/utils/horovod/horovod-$HOROVOD_VERSION.patch"
+
+CURRENT_STEP="start"
+step() { CURRENT_STEP="$1"; printf '\n==> [setup %s] %s\n' "$1" "$2"; }
+on_error() { printf '\nmake setup FAILED at step %s (see the output above).\n' "$CURRENT_STEP" >&2; }
+trap on_error ERR
+
+sha() { sha256sum | cut -c1-16; }
+
+# --- 0. refuse to shadow an ALCF software stack --------------------------------------------------
+if [[ -z "${SCALING_DL_FORCE_VENV:-}" ]] && { [[ -d /soft/modulefiles ]] || [[ -d /lus/eagle ]] || [[ -d /lus/theta-fs0 ]]; }; then
+  cat >&2 <<'EOF'
+This looks like an ALCF machine (Polaris/ThetaGPU/Theta). Do not build the laptop venv here: its PyPI
+mpich wheel and pip-installed frameworks would shadow Cray MPICH and the GPU builds of the conda module.
+Use instead:   module use /soft/modulefiles; module load conda; conda activate
+and the job scripts in submissions/. (SCALING_DL_FORCE_VENV=1 overrides this check; not recommended.)
+EOF
+  exit 1
+fi
+
+# --- 1. virtual environment -----------------------------------------------------------------------
+step 1/4 "virtual environment in $VENV"
+if [[ ! -x "$VENV/bin/python" ]]; then
+  "$PYTHON" -c 'import sys; assert sys.version_info[:2] >= (3, 9), sys.version' ||
+    { echo "need Python >= 3.9 (3.11 tested); set PYTHON=/path/to/python3.11" >&2; false; }
+  "$PYTHON" -m venv "$VENV"
+  echo "created $VENV"
+else
+  echo "exists"
+fi
+PY="$VENV/bin/python"
+PIP=("$PY" -m pip --disable-pip-version-check)
+
+# --- 2. pinned Python packages ----------------------------------------------------------------------
+step 2/4 "pinned packages (requirements.txt, requirements-nodeps.txt)"
+REQ_KEY=$(cat "$ROOT/requirements.txt" "$ROOT/requirements-nodeps.txt" <("$PY" -V) | sha)
+if [[ "$(cat "$VENV/.stamp-requirements" 2>/dev/null)" == "$REQ_KEY" ]]; then
+  echo "up to date ($REQ_KEY)"
+else
+  echo "installing (torch, TensorFlow and DeepSpeed: a few minutes the first time)"
+  "${PIP[@]}" install --progress-bar off -r "$ROOT/requirements.txt"
+  "${PIP[@]}" install --progress-bar off --no-deps -r "$ROOT/requirements-nodeps.txt"
+  echo "$REQ_KEY" > "$VENV/.stamp-requirements"
+fi
+
+# --- 3. Horovod, built against the installed torch and TensorFlow ------------------------------------
+step 3/4 "Horovod $HOROVOD_VERSION (PyTorch + TensorFlow + Gloo + MPI)"
+TORCH_V=$("$PY" -c 'import torch; print(torch.__version__)')
+TF_V=$("$PY" -c 'import importlib.metadata as m; print(m.version("tensorflow-cpu"))' 2>/dev/null ||
+       "$PY" -c 'import importlib.metadata as m; print(m.version("tensorflow"))')
+# CUDA stays on only where a real toolkit exists (nvcc *and* its headers); a stray nvcc is not enough.
+NVCC_PATH=$(command -v nvcc || true)
+CUDA_ROOT="${CUDA_HOME:-${NVCC_PATH:+$(dirname "$(dirname "$NVCC_PATH")")}}"
+if [[ -n "$CUDA_ROOT" && -f "$CUDA_ROOT/include/cuda_runtime.h" ]]; then CUDA_MODE=cuda; else CUDA_MODE=cpu; fi
+HVD_KEY=$(printf '%s ' "$HOROVOD_VERSION" "$TORCH_V" "$TF_V" "$CUDA_MODE" "$("$PY" -V)" "$(sha < "$PATCH")" | sha)
+WHEEL_DIR="$CACHE/horovod/$HVD_KEY"
+echo "torch $TORCH_V, TensorFlow $TF_V, CUDA mode: $CUDA_MODE, cache key $HVD_KEY"
+
+if [[ "$(cat "$VENV/.stamp-horovod" 2>/dev/null)" == "$HVD_KEY" ]] && "$PY" -c 'import horovod.torch, horovod.tensorflow' 2>/dev/null; then
+  echo "installed and up to date"
+else
+  if ! compgen -G "$WHEEL_DIR/horovod-*.whl" >/dev/null; then
+    echo "no cached wheel in $WHEEL_DIR: building from source (~7 min on 2 cores, once)"
+    BUILD=$(mktemp -d)
+    trap 'rm -rf "$BUILD"' EXIT
+    "${PIP[@]}" download --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$BUILD" >/dev/null
+    tar xzf "$BUILD/horovod-$HOROVOD_VERSION.tar.gz" -C "$BUILD"
+    (cd "$BUILD/horovod-$HOROVOD_VERSION" && patch -p1 --quiet < "$PATCH")
+    echo "patched with $(basename "$PATCH"); compiling (output in $BUILD/build.log)"
+    export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1
+    export HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS="-j$(nproc)" CMAKE_POLICY_VERSION_MINIMUM=3.5
+    [[ "$CUDA_MODE" == cpu ]] && export HOROVOD_TORCH_NO_CUDA=1
+    # MPI comes from the venv's mpich wheel (mpicxx, mpi.h, libmpi) on a laptop.
+    export PATH="$VENV/bin:$PATH"
+    if ! (cd "$BUILD/horovod-$HOROVOD_VERSION" &&
+          "${PIP[@]}" wheel --no-build-isolation --no-deps --no-cache-dir -w "$BUILD/wheel" . > "$BUILD/build.log" 2>&1); then
+      tail -40 "$BUILD/build.log" >&2
+      false
+    fi
+    mkdir -p "$WHEEL_DIR"
+    mv "$BUILD"/wheel/horovod-*.whl "$WHEEL_DIR/"
+    echo "cached $(ls "$WHEEL_DIR")"
+  else
+    echo "using cached wheel $(ls "$WHEEL_DIR")"
+  fi
+  "${PIP[@]}" install --progress-bar off --force-reinstall --no-deps "$WHEEL_DIR"/horovod-*.whl
+  "${PIP[@]}" install --progress-bar off cloudpickle psutil pyyaml packaging >/dev/null  # horovod's own deps
+  "$PY" -c 'import horovod.torch, horovod.tensorflow'
+  echo "$HVD_KEY" > "$VENV/.stamp-horovod"
+fi
+
+# --- 4. DeepSpeed JIT op cache ------------------------------------------------------------------------
+step 4/4 "DeepSpeed JIT op cache"
+# utils/dist.py sets the same default when TORCH_EXTENSIONS_DIR is unset, so plain `python` runs share it.
+EXT_DIR="${TORCH_EXTENSIONS_DIR:-$CACHE/torch_extensions}"
+mkdir -p "$EXT_DIR"
+echo "TORCH_EXTENSIONS_DIR=$EXT_DIR"
+
+trap - ERR
+printf '\nmake setup: done. Next: make doctor, make demo, make test.\n'

@@ -1,0 +1,80 @@
+"""PyTorch pieces shared by the DDP, Horovod-PyTorch and DeepSpeed examples (the model, tensors, checkpoints)."""
+import hashlib
+import os
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from utils.data import normalized
+from utils.log import atomic_write, fail
+
+
+class Net(nn.Module):
+    """The pytorch/examples MNIST CNN (1.2M parameters): two convolutions, max-pool, two dense layers."""
+
+    def __init__(self, dropout=0.25):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 32, 3, 1)
+        self.conv2 = nn.Conv2d(32, 64, 3, 1)
+        self.dropout1 = nn.Dropout(dropout)
+        self.dropout2 = nn.Dropout(2 * dropout)
+        self.fc1 = nn.Linear(9216, 128)
+        self.fc2 = nn.Linear(128, 10)
+
+    def forward(self, x):
+        x = F.relu(self.conv1(x))
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        x = torch.flatten(self.dropout1(x), 1)
+        x = self.dropout2(F.relu(self.fc1(x)))
+        return F.log_softmax(self.fc2(x), dim=1)
+
+
+def to_tensors(mnist, device):
+    """Preload the whole set as normalized tensors on the device: no per-sample transforms in the hot loop."""
+    def images(a):
+        return torch.from_numpy(normalized(a)).unsqueeze(1).to(device)
+    return (images(mnist.x_train), torch.from_numpy(mnist.y_train).to(device),
+            images(mnist.x_test), torch.from_numpy(mnist.y_test).to(device))
+
+
+def index_batches(batches, device):
+    return [torch.from_numpy(np.ascontiguousarray(b)).to(device) for b in batches]
+
+
+def seed_epoch(seed, epoch, rank):
+    """Reseed dropout each epoch, so a resumed run draws the same masks as an uninterrupted one."""
+    torch.manual_seed(seed + 1000 * epoch + rank)
+
+
+def param_checksum(model):
+    """sha256 of every parameter's bytes, in order: equal on two ranks only if their weights are identical."""
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.detach().float().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def save_checkpoint(path, state):
+    """torch.save through a temporary file + fsync + rename: a crash mid-write keeps the previous checkpoint."""
+    atomic_write(path, lambda f: torch.save(state, f), mode="wb")
+
+
+def load_checkpoint(path, device):
+    """Load tensors and plain containers only (weights_only=True): a checkpoint can't run code."""
+    if not os.path.exists(path):
+        fail(f"--resume: no checkpoint at {path}")
+    try:
+        return torch.load(path, map_location=device, weights_only=True)
+    except Exception as exc:
+        fail(f"checkpoint {path} is unreadable (truncated or corrupted?): {str(exc).splitlines()[0]}")
+
+
+def restore(model, optimizer, state, path):
+    try:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+    except (KeyError, RuntimeError, ValueError) as exc:
+        fail(f"checkpoint {path} does not fit this model: {str(exc).splitlines()[0]}")
+    return state["epoch"]
