@@ -4,6 +4,8 @@ PY := $(VENV)/bin/python
 # Examples and tests find torchrun, mpiexec, horovodrun and deepspeed in the venv.
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 export PYTHONUNBUFFERED := 1
+# TensorFlow's INFO/WARNING banner on every import (oneDNN, CPU features) hides the lesson's output.
+export TF_CPP_MIN_LOG_LEVEL ?= 2
 
 .PHONY: help setup doctor demo test bench figures clean
 

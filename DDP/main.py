@@ -9,6 +9,7 @@ The numbered comments ([ddp N]) are the lines that make it distributed; DDP/READ
 """
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -42,23 +43,28 @@ def all_max(value, env):
     return t.item()
 
 
-def train_epoch(model, optimizer, x, y, batches, epoch, lr_of_step, env, args):
+def train_epoch(model, optimizer, x, y, steps, epoch, lr_of_step, env, args):
     model.train()
     loss_sum, correct = 0.0, 0
-    progress = log.Progress(env.is_main, len(batches), epoch, args.log_interval)
-    for step, idx in enumerate(batches):
+    progress = log.Progress(env.is_main, len(steps), epoch, args.log_interval)
+    for step, micro_batches in enumerate(steps):
         for group in optimizer.param_groups:
             group["lr"] = lr_of_step(step)
         optimizer.zero_grad(set_to_none=True)
-        output = model(x[idx])
-        loss = F.nll_loss(output, y[idx])
-        loss.backward()  # [ddp 4] DDP all-reduces (averages) gradients in buckets while backward runs
+        for k, idx in enumerate(micro_batches):  # one micro-batch unless --grad-accum
+            last = k == len(micro_batches) - 1
+            # [ddp 4] DDP all-reduces (averages) gradients in buckets while backward runs; with gradient
+            # accumulation, no_sync() skips that until the last micro-batch of the step.
+            with nullcontext() if last or not env.distributed else model.no_sync():
+                output = model(x[idx])
+                loss = F.nll_loss(output, y[idx])
+                (loss / len(micro_batches)).backward()
+            loss_sum += loss.item() * len(idx)
+            correct += (output.argmax(1) == y[idx]).sum().item()
         optimizer.step()
-        loss_sum += loss.item() * len(idx)
-        correct += (output.argmax(1) == y[idx]).sum().item()
         progress.update(step + 1, loss.item())
     progress.close()
-    return loss_sum, correct, len(batches) * args.batch_size
+    return loss_sum, correct, len(steps) * args.grad_accum * args.batch_size
 
 
 @torch.no_grad()
@@ -99,7 +105,7 @@ def main():
     # --- model and optimizer ---------------------------------------------------------------------
     torch.manual_seed(args.seed)
     model = Net(args.dropout).to(env.device)
-    lr = scaled_lr(args.lr, env.world_size, not args.no_lr_scaling)  # [ddp 2] linear LR scaling rule
+    lr = scaled_lr(args.lr, env.world_size * args.grad_accum, not args.no_lr_scaling)  # [ddp 2] linear LR scaling
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum)
     checkpoint = Path(args.checkpoint_dir or Path(log_dir) / "checkpoints") / "checkpoint.pt"
     first_epoch = 1
@@ -116,17 +122,17 @@ def main():
     for epoch in range(first_epoch, args.epochs + 1):
         seed_epoch(args.seed, epoch, env.rank)
         try:
-            batches = data.epoch_batches(len(y_train), args.batch_size, env.rank, env.world_size,  # [ddp 0] shard
-                                         args.seed, epoch, args.max_steps)
+            steps = data.epoch_batches(len(y_train), args.batch_size, env.rank, env.world_size,  # [ddp 0] shard
+                                       args.seed, epoch, args.max_steps, args.grad_accum)
         except data.DataError as exc:
             log.fail(str(exc))
-        batches = index_batches(batches, env.device)
+        steps = index_batches(steps, env.device)
 
         def lr_of_step(step):
-            return lr_at(epoch - 1 + step / len(batches), args.lr, lr, args.lr_warmup_epochs)
+            return lr_at(epoch - 1 + step / len(steps), args.lr, lr, args.lr_warmup_epochs)
 
         start = time.perf_counter()
-        train = train_epoch(model, optimizer, x_train, y_train, batches, epoch, lr_of_step, env, args)
+        train = train_epoch(model, optimizer, x_train, y_train, steps, epoch, lr_of_step, env, args)
         train_time = all_max(time.perf_counter() - start, env)
         test = evaluate(model, x_test, y_test, test_idx, args.test_batch_size)
         train_loss, train_correct, train_seen, test_loss, test_correct, test_seen = all_sum(train + test, env)

@@ -84,10 +84,22 @@ def test_shards_are_disjoint_even_and_reshuffled(world):
     epoch1 = [data.epoch_batches(n, batch, r, world, seed=5, epoch=1) for r in range(world)]
     steps = {len(b) for b in epoch1}
     assert steps == {(n // world) // batch}  # the same number of steps on every rank
-    seen = np.concatenate([np.concatenate(b) for b in epoch1])
+    seen = np.concatenate([idx for rank in epoch1 for step in rank for idx in step])
     assert len(seen) == len(set(seen.tolist()))  # no sample twice in an epoch
     epoch2 = data.epoch_batches(n, batch, 0, world, seed=5, epoch=2)
-    assert not np.array_equal(epoch1[0][0], epoch2[0])
+    assert not np.array_equal(epoch1[0][0][0], epoch2[0][0])
+
+
+def test_accumulation_emulates_a_larger_world():
+    """2 ranks x 2 micro-batches see, step by step, exactly what 4 ranks x 1 see."""
+    four = [data.epoch_batches(1000, 8, r, 4, seed=1, epoch=3) for r in range(4)]
+    two = [data.epoch_batches(1000, 8, r, 2, seed=1, epoch=3, grad_accum=2) for r in range(2)]
+    assert len(two[0]) == len(four[0])
+    for step in range(len(four[0])):
+        emulated = [idx for rank in two for idx in rank[step]]
+        real = [rank[step][0] for rank in four]
+        for a, b in zip(emulated, real):
+            np.testing.assert_array_equal(a, b)
 
 
 def test_too_many_ranks_for_the_data_is_an_error():

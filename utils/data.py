@@ -152,18 +152,23 @@ def normalized(images):
     return ((images.astype(np.float32) / 255.0) - MNIST_MEAN) / MNIST_STD
 
 
-def epoch_batches(num_samples, batch_size, rank, world_size, seed, epoch, max_steps=None):
-    """This rank's batches of sample indices for one epoch (a list of int64 arrays, all of batch_size)."""
+def epoch_batches(num_samples, batch_size, rank, world_size, seed, epoch, max_steps=None, grad_accum=1):
+    """This rank's steps for one epoch: a list of steps, each a list of `grad_accum` index arrays (micro-batches).
+
+    With gradient accumulation each real rank plays `grad_accum` virtual ranks (rank * grad_accum + k), so
+    2 ranks x 2 accumulation steps see exactly the data of 4 ranks x 1: an emulated larger world.
+    """
+    virtual_world = world_size * grad_accum
     order = np.random.default_rng(seed + epoch).permutation(num_samples)
-    per_rank = num_samples // world_size
-    shard = order[rank::world_size][:per_rank]
+    per_rank = num_samples // virtual_world
     steps = per_rank // batch_size
     if steps == 0:
-        raise DataError(f"{num_samples} training samples are too few for {world_size} ranks x batch "
-                        f"{batch_size}: lower --batch-size or the number of ranks")
+        raise DataError(f"{num_samples} training samples are too few for {world_size} ranks x "
+                        f"{grad_accum} accumulation steps x batch {batch_size}: lower --batch-size or the ranks")
     if max_steps:
         steps = min(steps, max_steps)
-    return [shard[i * batch_size:(i + 1) * batch_size] for i in range(steps)]
+    shards = [order[v::virtual_world][:per_rank] for v in range(rank * grad_accum, (rank + 1) * grad_accum)]
+    return [[shard[i * batch_size:(i + 1) * batch_size] for shard in shards] for i in range(steps)]
 
 
 def test_shard(num_samples, rank, world_size):

@@ -139,17 +139,27 @@ def master_address(env):
     return addr, _int("MASTER_PORT", 29500)
 
 
-def init_torch(args):
-    """Discover ranks, pin device and threads, and start torch.distributed when there is more than one rank."""
+def configure_device(env, args):
+    """Pin this rank to its device (GPU = local rank) and its share of the CPU threads."""
     import torch
-    import torch.distributed as dist
-
-    env = discover()
     env.device = pick_device(args.device, env.local_rank)
     env.num_threads = threads_per_rank(args.num_threads, env.local_world_size)
     torch.set_num_threads(env.num_threads)
     if env.device.startswith("cuda"):
         torch.cuda.set_device(env.device)
+    return env
+
+
+def prepare(args):
+    """Everything init_torch does except starting the process group: discover ranks, pin device and threads,
+    choose the backend and export MASTER_ADDR/MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK for it.
+
+    DeepSpeed starts the process group itself (deepspeed.init_distributed); with these variables already set
+    it skips its own MPI discovery, which would pick `hostname -I` instead of loopback on a single host.
+    """
+    import torch.distributed as dist
+
+    env = configure_device(discover(), args)
     if not env.distributed:
         return env
 
@@ -163,13 +173,25 @@ def init_torch(args):
     env.backend = backend
     env.master_addr, env.master_port = master_address(env)
     os.environ.update(MASTER_ADDR=env.master_addr, MASTER_PORT=str(env.master_port),
-                      RANK=str(env.rank), WORLD_SIZE=str(env.world_size), LOCAL_RANK=str(env.local_rank))
+                      RANK=str(env.rank), WORLD_SIZE=str(env.world_size), LOCAL_RANK=str(env.local_rank),
+                      LOCAL_WORLD_SIZE=str(env.local_world_size))
+    return env
+
+
+def init_torch(args):
+    """Discover ranks, pin device and threads, and start torch.distributed when there is more than one rank."""
+    import torch
+    import torch.distributed as dist
+
+    env = prepare(args)
+    if not env.distributed:
+        return env
     try:
-        dist.init_process_group(backend, rank=env.rank, world_size=env.world_size,
+        dist.init_process_group(env.backend, rank=env.rank, world_size=env.world_size,
                                 timeout=datetime.timedelta(seconds=args.dist_timeout),
-                                device_id=torch.device(env.device) if backend == "nccl" else None)
+                                device_id=torch.device(env.device) if env.backend == "nccl" else None)
     except Exception as exc:  # e.g. unreachable master, port in use, a peer that never came
-        fail(f"could not start torch.distributed ({backend}) with master "
+        fail(f"could not start torch.distributed ({env.backend}) with master "
              f"{env.master_addr}:{env.master_port}: {str(exc).splitlines()[0]}")
     return env
 

@@ -48,9 +48,9 @@ def get_parser(description):
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     g = p.add_argument_group("training")
     g.add_argument("--epochs", type=positive_int, default=2, help="training epochs")
-    g.add_argument("--batch-size", type=positive_int, default=64, help="training batch size *per rank*")
+    g.add_argument("--batch-size", type=positive_int, default=32, help="training batch size *per rank*")
     g.add_argument("--test-batch-size", type=positive_int, default=1000, help="evaluation batch size per rank")
-    g.add_argument("--lr", type=positive_float, default=0.01,
+    g.add_argument("--lr", type=positive_float, default=0.05,
                    help="base learning rate for one rank; multiplied by the world size unless --no-lr-scaling")
     g.add_argument("--no-lr-scaling", action="store_true", help="do not scale the LR linearly with the world size")
     g.add_argument("--lr-warmup-epochs", type=non_negative_int, default=0,
@@ -59,6 +59,9 @@ def get_parser(description):
     g.add_argument("--dropout", type=half_fraction, default=0.25,
                    help="dropout after the convolutions; the dense layer uses twice this (pytorch/examples: 0.25, 0.5). "
                         "0 makes runs comparable across world sizes")
+    g.add_argument("--grad-accum", type=positive_int, default=1,
+                   help="micro-batches per optimizer step on each rank; emulates a world grad-accum times larger "
+                        "(the LR is scaled by world size x grad-accum)")
     g.add_argument("--seed", type=non_negative_int, default=42, help="random seed (same on every rank)")
     g.add_argument("--max-steps", type=positive_int, default=None, help="cap training steps per epoch (quick runs)")
     g.add_argument("--log-interval", type=positive_int, default=10, help="steps between progress lines")

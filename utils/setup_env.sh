@@ -49,6 +49,7 @@ else
   echo "exists"
 fi
 PY="$VENV/bin/python"
+export TF_CPP_MIN_LOG_LEVEL=3  # TensorFlow's import banner is noise here
 PIP=("$PY" -m pip --disable-pip-version-check)
 
 # --- 2. pinned Python packages ----------------------------------------------------------------------
@@ -58,8 +59,8 @@ if [[ "$(cat "$VENV/.stamp-requirements" 2>/dev/null)" == "$REQ_KEY" ]]; then
   echo "up to date ($REQ_KEY)"
 else
   echo "installing (torch, TensorFlow and DeepSpeed: a few minutes the first time)"
-  "${PIP[@]}" install --progress-bar off -r "$ROOT/requirements.txt"
-  "${PIP[@]}" install --progress-bar off --no-deps -r "$ROOT/requirements-nodeps.txt"
+  "${PIP[@]}" install --progress-bar off -r "$ROOT/requirements.txt" | grep -v '^Requirement already satisfied'
+  "${PIP[@]}" install --progress-bar off --no-deps -r "$ROOT/requirements-nodeps.txt" | grep -v '^Requirement already satisfied'
   echo "$REQ_KEY" > "$VENV/.stamp-requirements"
 fi
 
@@ -104,7 +105,6 @@ else
     echo "using cached wheel $(ls "$WHEEL_DIR")"
   fi
   "${PIP[@]}" install --progress-bar off --force-reinstall --no-deps "$WHEEL_DIR"/horovod-*.whl
-  "${PIP[@]}" install --progress-bar off cloudpickle psutil pyyaml packaging >/dev/null  # horovod's own deps
   "$PY" -c 'import horovod.torch, horovod.tensorflow'
   echo "$HVD_KEY" > "$VENV/.stamp-horovod"
 fi

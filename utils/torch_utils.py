@@ -39,8 +39,9 @@ def to_tensors(mnist, device):
             images(mnist.x_test), torch.from_numpy(mnist.y_test).to(device))
 
 
-def index_batches(batches, device):
-    return [torch.from_numpy(np.ascontiguousarray(b)).to(device) for b in batches]
+def index_batches(steps, device):
+    """epoch_batches' numpy indices as tensors on the device (a list of steps, each a list of micro-batches)."""
+    return [[torch.from_numpy(np.ascontiguousarray(b)).to(device) for b in step] for step in steps]
 
 
 def seed_epoch(seed, epoch, rank):
