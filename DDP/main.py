@@ -50,7 +50,7 @@ def train_epoch(model, optimizer, x, y, steps, epoch, lr_of_step, env, args):
     for step, micro_batches in enumerate(steps):
         for group in optimizer.param_groups:
             group["lr"] = lr_of_step(step)
-        optimizer.zero_grad(set_to_none=True)
+        optimizer.zero_grad()
         for k, idx in enumerate(micro_batches):  # one micro-batch unless --grad-accum
             last = k == len(micro_batches) - 1
             # [ddp 4] DDP all-reduces (averages) gradients in buckets while backward runs; with gradient
@@ -94,10 +94,7 @@ def main():
              f"backend {env.backend}, {env.num_threads} thread(s) per rank")
 
     # --- data: every rank loads the set, then trains on its own shard -----------------------------
-    try:
-        mnist = data.load_mnist(args.data_dir, args.download, env.is_main, barrier=dist.barrier)
-    except data.DataError as exc:
-        log.fail(str(exc))
+    mnist = data.load_mnist(args.data_dir, args.download, env.is_main, barrier=dist.barrier)
     log.info(mnist.describe())
     x_train, y_train, x_test, y_test = to_tensors(mnist, env.device)
     test_idx = torch.from_numpy(data.test_shard(len(y_test), env.rank, env.world_size)).to(env.device)
@@ -121,11 +118,8 @@ def main():
     # --- train / evaluate ------------------------------------------------------------------------
     for epoch in range(first_epoch, args.epochs + 1):
         seed_epoch(args.seed, epoch, env.rank)
-        try:
-            steps = data.epoch_batches(len(y_train), args.batch_size, env.rank, env.world_size,  # [ddp 0] shard
-                                       args.seed, epoch, args.max_steps, args.grad_accum)
-        except data.DataError as exc:
-            log.fail(str(exc))
+        steps = data.epoch_batches(len(y_train), args.batch_size, env.rank, env.world_size,  # [ddp 0] shard
+                                   args.seed, epoch, args.max_steps, args.grad_accum)
         steps = index_batches(steps, env.device)
 
         def lr_of_step(step):
@@ -135,12 +129,8 @@ def main():
         train = train_epoch(model, optimizer, x_train, y_train, steps, epoch, lr_of_step, env, args)
         train_time = all_max(time.perf_counter() - start, env)
         test = evaluate(model, x_test, y_test, test_idx, args.test_batch_size)
-        train_loss, train_correct, train_seen, test_loss, test_correct, test_seen = all_sum(train + test, env)
-        run.epoch(dict(epoch=epoch, train_loss=train_loss / train_seen, train_acc=train_correct / train_seen,
-                       test_loss=test_loss / test_seen, test_acc=test_correct / test_seen,
-                       lr=optimizer.param_groups[0]["lr"], epoch_time_s=time.perf_counter() - start,
-                       train_time_s=train_time, samples_per_s=train_seen / train_time,
-                       world_size=env.world_size, framework=FRAMEWORK, launcher=env.launcher))
+        run.epoch_end(epoch, all_sum(train + test, env), optimizer.param_groups[0]["lr"],
+                      time.perf_counter() - start, train_time, env, FRAMEWORK)
         if env.is_main:  # one writer; the file is replaced atomically
             save_checkpoint(checkpoint, {"model": getattr(model, "module", model).state_dict(),
                                          "optimizer": optimizer.state_dict(), "epoch": epoch})
@@ -156,4 +146,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    log.run_main(main)

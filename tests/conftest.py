@@ -21,7 +21,7 @@ def free_port():
 
 def run(cmd, timeout=300, env=None, cwd=ROOT):
     """Run `cmd` in its own process group; on timeout kill the whole group and fail (a hang is a failure)."""
-    full_env = dict(os.environ, PYTHONUNBUFFERED="1", PATH=f"{BIN}:{os.environ.get('PATH', '')}")
+    full_env = dict(os.environ, PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2", PATH=f"{BIN}:{os.environ.get('PATH', '')}")
     full_env.update(env or {})
     proc = subprocess.Popen([str(c) for c in cmd], cwd=cwd, env=full_env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from utils.log import UserError
+
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
 IDX_FILES = {"x_train": "train-images-idx3-ubyte", "y_train": "train-labels-idx1-ubyte",
              "x_test": "t10k-images-idx3-ubyte", "y_test": "t10k-labels-idx1-ubyte"}
@@ -27,8 +29,8 @@ SHIPPED_SPLIT_SEED = 0  # fixed, independent of --seed, so the 1,000 test digits
 SHIPPED_TRAIN = 4000
 
 
-class DataError(Exception):
-    """Missing or unreadable MNIST files: reported as one line by the scripts."""
+class DataError(UserError):
+    """Missing or unreadable MNIST files, or too few samples for the ranks: reported as one line."""
 
 
 @dataclass

@@ -196,6 +196,13 @@ def init_torch(args):
     return env
 
 
+def free_port():
+    """A TCP port on loopback that nobody listens on right now (for a private one-process group)."""
+    with socket.socket() as s:
+        s.bind((LOOPBACK, 0))
+        return s.getsockname()[1]
+
+
 def default_extensions_dir():
     """DeepSpeed's JIT-built ops go to a cache outside the checkout (same place as `make setup` uses)."""
     cache = os.environ.get("SCALING_DL_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "scaling-dl"))

@@ -25,6 +25,18 @@ def info(message):
         print(prefix + message, flush=True)
 
 
+class UserError(Exception):
+    """A problem with the user's input or files (not a bug): reported as one line, exit code 2."""
+
+
+def run_main(main):
+    """Call main(); turn a UserError into one line on stderr and exit 2, on whichever rank meets it."""
+    try:
+        main()
+    except UserError as exc:
+        fail(str(exc))
+
+
 def fail(message, code=2):
     """One clear line on stderr and a non-zero exit: for bad input, on every rank, instead of a traceback."""
     print(f"error: {message}", file=sys.stderr, flush=True)
@@ -94,6 +106,15 @@ class RunLog:
             # Rewritten whole and renamed, so a kill never leaves half a line behind.
             atomic_write(self.metrics_path, lambda f: f.writelines(json.dumps(m) + "\n" for m in self.history))
         info(format_epoch(metrics))
+
+    def epoch_end(self, epoch, sums, lr, epoch_time_s, train_time_s, env, framework):
+        """Record one epoch from the metric sums over all ranks (train loss/correct/seen, test loss/correct/seen)."""
+        train_loss, train_correct, train_seen, test_loss, test_correct, test_seen = sums
+        self.epoch(dict(epoch=epoch, train_loss=train_loss / train_seen, train_acc=train_correct / train_seen,
+                        test_loss=test_loss / test_seen, test_acc=test_correct / test_seen, lr=lr,
+                        epoch_time_s=epoch_time_s, train_time_s=train_time_s,
+                        samples_per_s=train_seen / train_time_s,  # global: all ranks' samples / slowest rank's time
+                        world_size=env.world_size, framework=framework, launcher=env.launcher))
 
     def summary(self, extra):
         """Last epoch's numbers + `extra` into summary.json, and the table on stdout."""

@@ -1,0 +1,126 @@
+#!/usr/bin/env python
+"""MNIST with Horovod's Keras API: hvd.DistributedOptimizer + model.fit + Horovod's callbacks.
+
+Horovod 0.28's Keras integration needs Keras 2, which TensorFlow 2.21 ships separately as `tf-keras`;
+TF_USE_LEGACY_KERAS=1 (set below, before TensorFlow is imported) makes tf.keras mean tf-keras.
+    python horovod/tensorflow/keras_main.py
+    horovodrun -np 2 --gloo python horovod/tensorflow/keras_main.py
+    mpiexec -n 2 python horovod/tensorflow/keras_main.py
+"""
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ["TF_USE_LEGACY_KERAS"] = "1"  # must precede the first TensorFlow import
+sys.path.append(str(Path(__file__).resolve().parents[2]))  # after site-packages: never shadow horovod
+from utils import data, dist, log  # noqa: E402
+from utils.parse_args import get_parser, parse  # noqa: E402
+from utils.schedule import scaled_lr  # noqa: E402
+from utils.tf_utils import build_model, checksum, configure_tf, images, shard_dataset  # noqa: E402
+
+import tensorflow as tf  # noqa: E402
+import tf_keras  # noqa: E402
+
+# Horovod 0.28's Keras module does `from keras import backend`, which is Keras 3 here and lacks what its
+# callbacks use. In this process every Keras is Keras 2 (tf.keras is tf-keras), so let `keras` mean it too.
+sys.modules["keras"] = tf_keras
+import horovod.tensorflow as hvd_tf  # noqa: E402  (its allreduce takes op=Sum/Max, for our metrics)
+import horovod.tensorflow.keras as hvd  # noqa: E402
+
+FRAMEWORK = "horovod-keras"
+
+
+class EpochLog(tf.keras.callbacks.Callback):
+    """After each epoch: evaluate this rank's test shard, sum over ranks, write metrics.jsonl on rank 0."""
+
+    def __init__(self, run, env, x_test, y_test, test_idx, test_batch_size, train_batch_size):
+        super().__init__()
+        self.run, self.env = run, env
+        self.x_test, self.y_test, self.test_idx = x_test, y_test, test_idx
+        self.test_batch_size, self.train_batch_size = test_batch_size, train_batch_size
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.start = time.perf_counter()
+
+    def on_epoch_end(self, epoch, logs=None):
+        train_time = time.perf_counter() - self.start
+        logits = self.model.predict(self.x_test[self.test_idx], batch_size=self.test_batch_size, verbose=0)
+        labels = self.y_test[self.test_idx]
+        loss = float(tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True).numpy().sum())
+        correct = float((logits.argmax(1) == labels).sum())
+        seen = self.params["steps"] * self.train_batch_size
+        # logs["loss"] and logs["accuracy"] are already averaged over ranks by MetricAverageCallback
+        sums = [logs["loss"] * seen, logs["accuracy"] * seen, seen, loss, correct, len(labels)]
+        sums = hvd_tf.allreduce(tf.constant(sums, tf.float64), op=hvd_tf.Sum, name="metrics").numpy()
+        sums[:3] /= self.env.world_size  # the train part was already a global average
+        train_time = float(hvd_tf.allreduce(tf.constant(train_time, tf.float64), op=hvd_tf.Max, name="max"))
+        lr = float(tf.keras.backend.get_value(self.model.optimizer.learning_rate))
+        self.run.epoch_end(epoch + 1, sums.tolist(), lr, time.perf_counter() - self.start, train_time,
+                           self.env, FRAMEWORK)
+
+
+def main():
+    args = parse(get_parser(__doc__))
+    if args.grad_accum != 1 or args.resume:
+        raise log.UserError("--grad-accum and --resume are implemented in main.py, not in this Keras-API example")
+    wall_start = time.perf_counter()
+
+    # --- set up distributed ----------------------------------------------------------------------
+    launcher = dist.discover()
+    hvd.init()  # [hvd 1] start Horovod
+    env = dist.DistEnv(hvd.rank(), hvd.local_rank(), hvd.size(), hvd.local_size(), launcher.launcher,
+                       backend="horovod-" + ("mpi" if hvd.mpi_enabled() else "gloo"))
+    env.num_threads = dist.threads_per_rank(args.num_threads, env.local_world_size)
+    env.device = configure_tf(args.device, env.local_rank, env.num_threads)  # [hvd 2] one GPU per process
+    log.configure(env.rank, args.log_all_ranks)
+    log_dir = args.log_dir or hvd_tf.broadcast_object(log.default_log_dir("horovod-keras"), root_rank=0)
+    run = log.RunLog(log_dir, env.is_main)
+    log.info(f"{FRAMEWORK}: {env.world_size} rank(s) via {env.launcher}, device {env.device}, "
+             f"{env.backend} controller, {env.num_threads} thread(s) per rank")
+
+    # --- data ------------------------------------------------------------------------------------
+    mnist = data.load_mnist(args.data_dir, args.download, env.is_main,
+                            barrier=lambda: hvd_tf.broadcast_object(None, root_rank=0))
+    log.info(mnist.describe())
+    x_train, y_train, x_test, y_test = images(mnist.x_train), mnist.y_train, images(mnist.x_test), mnist.y_test
+    # model.fit runs every epoch from one dataset: shard by the global rank, reshuffle each epoch in tf.data.
+    steps = data.epoch_batches(len(y_train), args.batch_size, env.rank, env.world_size, args.seed, 1, args.max_steps)
+    dataset = shard_dataset(x_train, y_train, steps, args.batch_size).unbatch() \
+        .shuffle(10_000, seed=args.seed + env.rank).batch(args.batch_size, drop_remainder=True).repeat()
+
+    # --- model and optimizer ---------------------------------------------------------------------
+    tf.keras.utils.set_random_seed(args.seed)
+    model = build_model(tf.keras, args.dropout)
+    lr = scaled_lr(args.lr, env.world_size, not args.no_lr_scaling)  # [hvd 3] scale the LR
+    # [hvd 4] wrap the optimizer: gradients are averaged across ranks before each update
+    optimizer = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(learning_rate=lr, momentum=args.momentum))
+    model.compile(optimizer=optimizer, metrics=["accuracy"],
+                  loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    callbacks = [
+        hvd.callbacks.BroadcastGlobalVariablesCallback(0),  # [hvd 4b] start from rank 0's weights
+        hvd.callbacks.MetricAverageCallback(),  # [hvd 7] average the train metrics over ranks
+    ]
+    if args.lr_warmup_epochs:  # Goyal et al.: ramp from lr/size to lr over the first epochs
+        callbacks.append(hvd.callbacks.LearningRateWarmupCallback(
+            initial_lr=lr, warmup_epochs=args.lr_warmup_epochs, steps_per_epoch=len(steps),
+            momentum_correction=False, verbose=0))  # tf-keras keeps momentum as a float: nothing to correct
+    callbacks.append(EpochLog(run, env, x_test, y_test, data.test_shard(len(y_test), env.rank, env.world_size),
+                              args.test_batch_size, args.batch_size))
+    run.write_config(args, env.as_dict(), FRAMEWORK, {"log_dir": log_dir, "scaled_lr": lr})
+
+    # --- train / evaluate ------------------------------------------------------------------------
+    model.fit(dataset, steps_per_epoch=len(steps), epochs=args.epochs, callbacks=callbacks,
+              verbose=2 if env.is_main else 0)
+
+    # --- summary ---------------------------------------------------------------------------------
+    checksums = hvd_tf.allgather_object(checksum(model.variables))
+    if args.save_model and env.is_main:
+        model.save_weights(str(Path(log_dir) / "model.weights.h5"))
+    run.summary({"wall_time_s": time.perf_counter() - wall_start, "param_checksums": checksums,
+                 "device": env.device, "world_size": env.world_size, "launcher": env.launcher,
+                 "framework": FRAMEWORK})
+
+
+if __name__ == "__main__":
+    log.run_main(main)

@@ -1,0 +1,58 @@
+"""TensorFlow pieces shared by the Horovod-TensorFlow examples (model, tf.data shards, threads, checksum)."""
+import hashlib
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up banner hides the lesson's output
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from utils.data import normalized  # noqa: E402
+
+
+def configure_tf(device, local_rank, num_threads):
+    """Threads and GPU visibility: must run before TensorFlow creates its runtime (before any op)."""
+    tf.config.threading.set_intra_op_parallelism_threads(num_threads)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    gpus = tf.config.list_physical_devices("GPU")
+    if device == "cpu" or not gpus:
+        tf.config.set_visible_devices([], "GPU")
+        return "cpu"
+    gpu = gpus[local_rank % len(gpus)]
+    tf.config.set_visible_devices(gpu, "GPU")  # one GPU per process, chosen by local rank
+    tf.config.experimental.set_memory_growth(gpu, True)
+    return f"gpu:{local_rank % len(gpus)}"
+
+
+def build_model(keras, dropout):
+    """The same CNN as the PyTorch examples (pytorch/examples' MNIST net), in Keras; outputs logits."""
+    layers = keras.layers
+    return keras.Sequential([
+        keras.Input((28, 28, 1)),
+        layers.Conv2D(32, 3, activation="relu"),
+        layers.Conv2D(64, 3, activation="relu"),
+        layers.MaxPooling2D(2),
+        layers.Dropout(dropout),
+        layers.Flatten(),
+        layers.Dense(128, activation="relu"),
+        layers.Dropout(2 * dropout),
+        layers.Dense(10),
+    ])
+
+
+def images(array):
+    return normalized(array)[..., np.newaxis]  # [N, 28, 28, 1] float32
+
+
+def shard_dataset(x, y, steps, batch_size):
+    """This rank's batches for one epoch (indices from utils.data.epoch_batches) as a tf.data pipeline."""
+    order = np.concatenate([idx for step in steps for idx in step])
+    return tf.data.Dataset.from_tensor_slices((x[order], y[order])).batch(batch_size).prefetch(2)
+
+
+def checksum(variables):
+    """sha256 of every variable's bytes, in order: equal on two ranks only if their weights are identical."""
+    h = hashlib.sha256()
+    for v in variables:
+        h.update(np.asarray(v.numpy(), dtype=np.float32).tobytes())
+    return h.hexdigest()[:16]
