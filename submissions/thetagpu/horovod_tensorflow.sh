@@ -1,0 +1,31 @@
+#!/bin/bash -l
+#COBALT -n 1
+#COBALT -t 0:30:00
+#COBALT -q full-node
+#COBALT -A YOUR_PROJECT
+#COBALT -O horovod_tensorflow.$jobid
+#COBALT --attrs filesystems=home,theta-fs0
+# Horovod + TensorFlow (horovod/tensorflow/main.py)
+# on ThetaGPU (Cobalt, 8 A100 per node, Open MPI mpirun; retired at the end of 2023: kept as the workshop's reference).
+# ranks = nodes in $COBALT_NODEFILE x RANKS_PER_NODE (8, one per GPU).
+# Output: runs/thetagpu/horovod-tensorflow/<job id>.n<ranks>/ (config.json, metrics.jsonl, summary.json, output.log).
+#
+#   qsub -A <project> submissions/thetagpu/horovod_tensorflow.sh
+#   qsub -A <project> -n 2 --env TRAIN_ARGS="--epochs 8" submissions/thetagpu/horovod_tensorflow.sh
+#   bash submissions/thetagpu/horovod_tensorflow.sh --epochs 8      # inside an interactive job (qsub -I ...)
+# Environment variables that change the run (TRAIN_ARGS, RANKS_PER_NODE, ENV_SETUP, DRY_RUN=1, ...):
+# see submissions/README.md and the top of submissions/common.sh.
+
+MACHINE=thetagpu
+EXAMPLE=horovod-tensorflow
+# Schedulers may run a copy of this script from a spool directory: look for the repository next to the
+# script, then where the job was submitted from (cd into the repo before qsub/sbatch), or set REPO_DIR.
+for d in "${REPO_DIR:-}" "$(dirname "${BASH_SOURCE[0]}")" "${PBS_O_WORKDIR:-}" "${SLURM_SUBMIT_DIR:-}" "$PWD"; do
+  d=$(cd "${d:-/nonexistent}" 2>/dev/null && pwd -P) || continue
+  while [[ "$d" != / && ! -f "$d/submissions/common.sh" ]]; do d=$(dirname "$d"); done
+  if [[ -f "$d/submissions/common.sh" ]]; then REPO_DIR=$d; break; fi
+done
+[[ -f "${REPO_DIR:-}/submissions/common.sh" ]] || { echo "error: repository not found; set REPO_DIR" >&2; exit 1; }
+# shellcheck source=submissions/common.sh
+source "$REPO_DIR/submissions/common.sh"
+sdl_main "$@"

@@ -1,0 +1,297 @@
+#!/usr/bin/env python
+"""make bench: every framework measured side by side on this machine, with one thread per rank.
+
+For each example: training throughput at 1 and 2 ranks (same model, same batch per rank), the weak-scaling
+efficiency = throughput(2) / (2 x throughput(1)), the *ceiling* (two independent 1-rank runs at once, no
+communication: what 2 ranks can reach on this box) and each example's efficiency relative to it, and the
+example's overhead against a bare loop over the same preloaded tensors. Then a per-step time breakdown on
+rank 0 of a 2-rank run (data, forward+backward, gradient all-reduce, optimizer), measured phase by phase.
+
+Epoch 1 of every run is warm-up (graph tracing, allocator, connections) and excluded; throughput is the
+median over the remaining epochs, each epoch `--steps` steps. Results: a table on stdout and
+runs/bench/latest.json.
+    python utils/bench.py            # full: 6 epochs x 40 steps per run
+    python utils/bench.py --quick    # short: 3 epochs x 8 steps (the test suite runs this)
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+PY = sys.executable
+sys.path.append(str(ROOT))
+
+EXAMPLES = {  # name: (script, 2-rank launcher prefix, bare-loop kind)
+    "ddp": ("DDP/main.py", lambda port: [BIN / "torchrun", "--nproc_per_node", "2", "--master_addr",
+                                         "127.0.0.1", "--master_port", str(port)], "torch"),
+    "horovod-pytorch": ("horovod/pytorch/main.py", lambda port: [BIN / "horovodrun", "-np", "2", "--gloo",
+                                                                  "--gloo-timeout-seconds", "60", PY], "torch"),
+    "horovod-tensorflow": ("horovod/tensorflow/main.py", lambda port: [BIN / "horovodrun", "-np", "2", "--gloo",
+                                                                        "--gloo-timeout-seconds", "60", PY], "tf"),
+    "deepspeed": ("deepspeed/main.py", lambda port: [BIN / "deepspeed", "--num_gpus", "2", "--master_port",
+                                                     str(port)], "torch"),
+}
+
+
+# --- arithmetic (unit-tested in tests/test_bench.py) -------------------------------------------------------
+def efficiency(samples_per_s_1, samples_per_s_2):
+    """Weak-scaling efficiency at 2 ranks: the 2-rank throughput over twice the 1-rank throughput."""
+    return samples_per_s_2 / (2 * samples_per_s_1)
+
+
+def ceiling_efficiency(samples_per_s_1, independent_pair):
+    """What 2 ranks could reach here: two independent runs at once, summed, over twice one alone."""
+    return sum(independent_pair) / (2 * samples_per_s_1)
+
+
+def overhead(example_samples_per_s, bare_samples_per_s):
+    """Fraction of time the example spends beyond a bare loop: 0.03 = the example is 3% slower."""
+    return bare_samples_per_s / example_samples_per_s - 1
+
+
+def steady_throughput(history):
+    """Median samples/s over the epochs after the first (warm-up) one."""
+    rates = [m["samples_per_s"] for m in history[1:]] or [history[-1]["samples_per_s"]]
+    return statistics.median(rates)
+
+
+# --- runs ------------------------------------------------------------------------------------------------
+def env_for_bench():
+    return dict(os.environ, PATH=f"{BIN}:{os.environ.get('PATH', '')}", TF_CPP_MIN_LOG_LEVEL="2",
+                PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+
+
+def example_flags(args, log_dir):
+    return ["--epochs", str(args.epochs), "--max-steps", str(args.steps), "--batch-size", str(args.batch_size),
+            "--num-threads", "1", "--log-interval", "1000", "--log-dir", str(log_dir)]
+
+
+def launch(cmd, timeout):
+    proc = subprocess.Popen([str(c) for c in cmd], cwd=ROOT, env=env_for_bench(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    return proc, timeout
+
+
+def wait(proc, timeout, what):
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise SystemExit(f"bench: {what} did not finish in {timeout}s")
+    if proc.returncode != 0:
+        raise SystemExit(f"bench: {what} failed (exit {proc.returncode}):\n{out[-3000:]}")
+    return out
+
+
+def history(log_dir):
+    with open(Path(log_dir) / "metrics.jsonl") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def measure_example(name, args, work, port):
+    script, two_rank_prefix, bare_kind = EXAMPLES[name]
+    one = work / f"{name}-1"
+    wait(*launch([PY, ROOT / script, *example_flags(args, one)], args.timeout), f"{name} 1 rank")
+    two = work / f"{name}-2"
+    wait(*launch([*two_rank_prefix(port), ROOT / script, *example_flags(args, two)], args.timeout),
+         f"{name} 2 ranks")
+    return steady_throughput(history(one)), steady_throughput(history(two)), bare_kind
+
+
+def measure_ceiling(args, work):
+    """Two independent single-process DDP runs at the same time: no communication at all."""
+    procs = []
+    for i in range(2):
+        log_dir = work / f"independent-{i}"
+        procs.append((launch([PY, ROOT / "DDP/main.py", *example_flags(args, log_dir)], args.timeout), log_dir))
+    rates = []
+    for (proc, timeout), log_dir in procs:
+        wait(proc, timeout, "independent run")
+        rates.append(steady_throughput(history(log_dir)))
+    return rates
+
+
+def measure_bare(kind, args):
+    out = wait(*launch([PY, __file__, "--bare", kind, "--steps", str(args.steps * (args.epochs - 1)),
+                        "--batch-size", str(args.batch_size)], args.timeout), f"bare {kind} loop")
+    return json.loads(out.strip().splitlines()[-1])["samples_per_s"]
+
+
+def measure_breakdown(args, port):
+    out = wait(*launch([BIN / "torchrun", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+                        "--master_port", str(port), __file__, "--breakdown", "--steps", str(args.steps * 2),
+                        "--batch-size", str(args.batch_size)], args.timeout), "breakdown")
+    return json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
+
+
+# --- bare loops and the breakdown, run in their own processes ---------------------------------------------
+def bare_torch(steps, batch_size):
+    import torch
+    import torch.nn.functional as F
+    from utils.data import load_mnist
+    from utils.torch_utils import Net, to_tensors
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    x, y, _, _ = to_tensors(load_mnist(), "cpu")
+    model = Net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.5)
+    idx = torch.randint(0, len(y), (steps + 5, batch_size))
+    for i in range(steps + 5):
+        if i == 5:  # warm-up steps excluded
+            start = time.perf_counter()
+        optimizer.zero_grad()
+        F.nll_loss(model(x[idx[i]]), y[idx[i]]).backward()
+        optimizer.step()
+    return steps * batch_size / (time.perf_counter() - start)
+
+
+def bare_tf(steps, batch_size):
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import keras
+    import numpy as np
+    import tensorflow as tf
+    from utils.data import load_mnist
+    from utils.tf_utils import build_model, images
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    mnist = load_mnist()
+    x, y = images(mnist.x_train), mnist.y_train
+    model = build_model(keras, 0.25)
+    optimizer = keras.optimizers.SGD(0.01, momentum=0.5)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    @tf.function
+    def step(xb, yb):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(yb, model(xb, training=True))
+        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+
+    idx = np.random.default_rng(0).integers(0, len(y), (steps + 5, batch_size))
+    for i in range(steps + 5):
+        if i == 5:
+            start = time.perf_counter()
+        step(tf.constant(x[idx[i]]), tf.constant(y[idx[i]]))
+    return steps * batch_size / (time.perf_counter() - start)
+
+
+def breakdown(steps, batch_size):
+    """Rank 0's step, phase by phase (no overlap): index the batch, forward+backward, all-reduce, step."""
+    import torch
+    import torch.distributed as tdist
+    import torch.nn.functional as F
+    from utils.data import load_mnist
+    from utils.torch_utils import Net, to_tensors
+    torch.set_num_threads(1)
+    tdist.init_process_group("gloo")
+    x, y, _, _ = to_tensors(load_mnist(), "cpu")
+    torch.manual_seed(0)
+    model = Net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.5)
+    idx = torch.randint(0, len(y), (steps + 5, batch_size))
+    totals = dict(data=0.0, forward_backward=0.0, communication=0.0, optimizer=0.0)
+    for i in range(steps + 5):
+        t0 = time.perf_counter()
+        xb, yb = x[idx[i]], y[idx[i]]
+        t1 = time.perf_counter()
+        optimizer.zero_grad()
+        F.nll_loss(model(xb), yb).backward()
+        t2 = time.perf_counter()
+        flat = torch.cat([p.grad.flatten() for p in model.parameters()])
+        tdist.all_reduce(flat)
+        flat /= tdist.get_world_size()
+        offset = 0
+        for p in model.parameters():
+            p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()
+        t3 = time.perf_counter()
+        optimizer.step()
+        t4 = time.perf_counter()
+        if i >= 5:
+            for key, dt in zip(totals, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
+                totals[key] += dt
+    if tdist.get_rank() == 0:
+        ms = {k: 1000 * v / steps for k, v in totals.items()}
+        step_ms = sum(ms.values())
+        print(json.dumps({"ms_per_step": ms, "fraction": {k: v / step_ms for k, v in ms.items()},
+                          "step_ms": step_ms}), flush=True)
+    tdist.destroy_process_group()
+
+
+# --- report ----------------------------------------------------------------------------------------------
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="3 epochs x 8 steps per run (a smoke test)")
+    parser.add_argument("--epochs", type=int, default=6, help="epochs per run; the first is warm-up")
+    parser.add_argument("--steps", type=int, default=40, help="training steps per epoch")
+    parser.add_argument("--batch-size", type=int, default=64, help="batch per rank")
+    parser.add_argument("--only", nargs="*", choices=list(EXAMPLES), help="measure only these examples")
+    parser.add_argument("--out", default=str(ROOT / "runs" / "bench" / "latest.json"))
+    parser.add_argument("--timeout", type=int, default=600)
+    parser.add_argument("--bare", choices=["torch", "tf"], help=argparse.SUPPRESS)
+    parser.add_argument("--breakdown", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.bare:
+        rate = (bare_torch if args.bare == "torch" else bare_tf)(args.steps, args.batch_size)
+        print(json.dumps({"samples_per_s": rate}))
+        return
+    if args.breakdown:
+        breakdown(args.steps, args.batch_size)
+        return
+    if args.quick:
+        args.epochs, args.steps = 3, 8
+
+    names = args.only or list(EXAMPLES)
+    started = time.strftime("%Y-%m-%d %H:%M")
+    print(f"bench: {len(names)} example(s), {args.epochs} epochs x {args.steps} steps, batch {args.batch_size} "
+          f"per rank, 1 thread per rank, on {os.cpu_count()} cores", flush=True)
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+        work = Path(tmp)
+        print("  ceiling: two independent 1-rank runs at once ...", flush=True)
+        pair = measure_ceiling(args, work)
+        bare = {}
+        results = []
+        for i, name in enumerate(names):
+            print(f"  {name}: 1 rank, 2 ranks ...", flush=True)
+            one, two, kind = measure_example(name, args, work, 29600 + i)
+            if kind not in bare:
+                bare[kind] = measure_bare(kind, args)
+            eff = efficiency(one, two)
+            ceiling = ceiling_efficiency(one, pair)
+            results.append(dict(example=name, samples_per_s_1=one, samples_per_s_2=two, efficiency=eff,
+                                ceiling_efficiency=ceiling, relative_to_ceiling=eff / ceiling,
+                                bare_samples_per_s=bare[kind], overhead=overhead(one, bare[kind])))
+        print("  breakdown of a 2-rank step ...", flush=True)
+        parts = measure_breakdown(args, 29650)
+
+    report = dict(date=started, cpu_count=os.cpu_count(), epochs=args.epochs, steps=args.steps,
+                  batch_size=args.batch_size, independent_pair_samples_per_s=pair, breakdown=parts,
+                  examples=results)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=2))
+    print_table(report)
+    print(f"\nwritten to {args.out}")
+
+
+def print_table(report):
+    header = ("example", "1 rank/s", "2 ranks/s", "efficiency", "ceiling", "eff/ceiling", "overhead")
+    lines = [header] + [(r["example"], f"{r['samples_per_s_1']:.0f}", f"{r['samples_per_s_2']:.0f}",
+                         f"{r['efficiency']:.2f}", f"{r['ceiling_efficiency']:.2f}",
+                         f"{r['relative_to_ceiling']:.2f}", f"{100 * r['overhead']:+.1f}%")
+                        for r in report["examples"]]
+    print()
+    for line in lines:
+        print("  ".join(f"{c:>{20 if i == 0 else 11}}" for i, c in enumerate(line)))
+    b = report["breakdown"]
+    print(f"\n2-rank step on rank 0, phases run one after another (no overlap): {b['step_ms']:.1f} ms = " +
+          ", ".join(f"{k} {v:.1f} ms ({100 * b['fraction'][k]:.0f}%)" for k, v in b["ms_per_step"].items()))
+
+
+if __name__ == "__main__":
+    main()
