@@ -1,0 +1,40 @@
+"""utils/bench.py: the efficiency arithmetic on fixed inputs, and the quick mode end to end."""
+import json
+import sys
+
+import pytest
+
+from conftest import ROOT, check, run
+
+sys.path.append(str(ROOT))
+from utils import bench  # noqa: E402
+
+
+def test_efficiency_arithmetic():
+    assert bench.efficiency(500.0, 900.0) == pytest.approx(0.9)
+    assert bench.efficiency(500.0, 1000.0) == pytest.approx(1.0)  # perfect weak scaling
+    assert bench.ceiling_efficiency(500.0, [450.0, 450.0]) == pytest.approx(0.9)
+    assert bench.overhead(97.0, 100.0) == pytest.approx(3 / 97)  # example 3% slower than the bare loop
+    assert bench.overhead(100.0, 100.0) == 0
+
+
+def test_steady_throughput_skips_the_warm_up_epoch():
+    history = [{"samples_per_s": 10.0}, {"samples_per_s": 500.0}, {"samples_per_s": 520.0},
+               {"samples_per_s": 480.0}]
+    assert bench.steady_throughput(history) == 500.0
+    assert bench.steady_throughput([{"samples_per_s": 7.0}]) == 7.0
+
+
+def test_quick_mode_emits_every_field(tmp_path):
+    out = tmp_path / "latest.json"
+    check(run([sys.executable, ROOT / "utils/bench.py", "--quick", "--out", out], timeout=900))
+    report = json.loads(out.read_text())
+    assert {r["example"] for r in report["examples"]} == set(bench.EXAMPLES)
+    for r in report["examples"]:
+        for key in ("efficiency", "ceiling_efficiency", "overhead", "samples_per_s_1", "samples_per_s_2"):
+            assert isinstance(r[key], float) and r[key] == r[key], (r["example"], key)  # a number, not nan
+        assert r["samples_per_s_1"] > 0 and r["samples_per_s_2"] > 0
+        assert r["efficiency"] == pytest.approx(r["samples_per_s_2"] / (2 * r["samples_per_s_1"]))
+    fractions = report["breakdown"]["fraction"]
+    assert set(fractions) == {"data", "forward_backward", "communication", "optimizer"}
+    assert sum(fractions.values()) == pytest.approx(1.0)
