@@ -90,6 +90,8 @@ def main():
                        backend="horovod-" + ("mpi" if hvd.mpi_enabled() else "gloo"))
     env = dist.configure_device(env, args)  # [hvd 2] pin one GPU per process: cuda:<local rank>
     log.configure(env.rank, args.log_all_ranks)
+    if args.use_adasum and not hvd.mpi_enabled():
+        raise log.UserError("--use-adasum needs the MPI controller (mpiexec, horovodrun --mpi): gloo has no Adasum")
     log_dir = args.log_dir or hvd.broadcast_object(log.default_log_dir("horovod-pytorch"), root_rank=0)
     run = log.RunLog(log_dir, env.is_main)
     log.info(f"{FRAMEWORK}: {env.world_size} rank(s) via {env.launcher}, device {env.device}, "

@@ -109,6 +109,8 @@ def main():
     env.num_threads = dist.threads_per_rank(args.num_threads, env.local_world_size)
     env.device = configure_tf(args.device, env.local_rank, env.num_threads)  # [hvd 2] one GPU per process
     log.configure(env.rank, args.log_all_ranks)
+    if args.use_adasum and not hvd.mpi_enabled():
+        raise log.UserError("--use-adasum needs the MPI controller (mpiexec, horovodrun --mpi): gloo has no Adasum")
     log_dir = args.log_dir or hvd.broadcast_object(log.default_log_dir("horovod-tensorflow"), root_rank=0)
     run = log.RunLog(log_dir, env.is_main)
     log.info(f"{FRAMEWORK}: {env.world_size} rank(s) via {env.launcher}, device {env.device}, "
