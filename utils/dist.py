@@ -186,14 +186,28 @@ def init_torch(args):
     env = prepare(args)
     if not env.distributed:
         return env
+    timeout = datetime.timedelta(seconds=args.dist_timeout)
     try:
-        dist.init_process_group(env.backend, rank=env.rank, world_size=env.world_size,
-                                timeout=datetime.timedelta(seconds=args.dist_timeout),
+        dist.init_process_group(env.backend, rank=env.rank, world_size=env.world_size, timeout=timeout,
+                                store=restart_store(env, timeout),
                                 device_id=torch.device(env.device) if env.backend == "nccl" else None)
     except Exception as exc:  # e.g. unreachable master, port in use, a peer that never came
         fail(f"could not start torch.distributed ({env.backend}) with master "
              f"{env.master_addr}:{env.master_port}: {str(exc).splitlines()[0]}")
     return env
+
+
+def restart_store(env, timeout):
+    """None (the default env:// store), except in a worker that torchrun restarted (--max-restarts): there the
+    store still holds the dead workers' addresses from the previous attempt, which a restarted rank would try
+    to connect to ("Connection refused"); a prefix per attempt keeps each attempt's keys apart."""
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if env.launcher != "torchrun" or attempt == "0":
+        return None
+    import torch.distributed as dist
+    from torch.distributed.rendezvous import rendezvous
+    store, _, _ = next(rendezvous("env://", env.rank, env.world_size, timeout=timeout))
+    return dist.PrefixStore(f"course/attempt_{attempt}", store)
 
 
 def free_port():

@@ -9,6 +9,8 @@ import sys
 import tempfile
 import time
 
+from utils import faults
+
 _RANK = 0
 _ALL_RANKS = False
 
@@ -39,7 +41,10 @@ def run_main(main):
 
 def fail(message, code=2):
     """One clear line on stderr and a non-zero exit: for bad input, on every rank, instead of a traceback."""
-    print(f"error: {message}", file=sys.stderr, flush=True)
+    # One write of the whole line (print() writes the text and the newline separately): lines from several
+    # ranks sharing one stderr pipe (mpiexec) then never interleave.
+    sys.stderr.write(f"error: {message}\n")
+    sys.stderr.flush()
     sys.exit(code)
 
 
@@ -57,6 +62,7 @@ def atomic_write(path, write_fn, mode="w"):
         with os.fdopen(fd, mode) as f:
             write_fn(f)
             f.flush()
+            faults.in_write(path, f, tmp)  # test-only: off unless COURSE_DIE_IN_WRITE is set
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
@@ -151,6 +157,7 @@ class Progress:
         self.bar = enabled and sys.stdout.isatty()
 
     def update(self, step, loss):
+        faults.at_step(_RANK, self.epoch, step)  # test-only: off unless COURSE_FAIL_AT is set
         if not self.enabled:
             return
         if self.bar:

@@ -43,6 +43,21 @@ def half_fraction(text):
     return value
 
 
+def resume_mode(text):
+    if text != "auto":
+        raise argparse.ArgumentTypeError(f"the only value it takes is 'auto', got {text}")
+    return text
+
+
+# The file each framework writes last when it saves a checkpoint: torch examples, tf.train.CheckpointManager, DeepSpeed.
+CHECKPOINT_MARKERS = ("checkpoint.pt", "checkpoint", "latest")
+
+
+def checkpoint_exists(args):
+    folder = args.checkpoint_dir or os.path.join(args.log_dir, "checkpoints")
+    return any(os.path.isfile(os.path.join(folder, name)) for name in CHECKPOINT_MARKERS)
+
+
 def get_parser(description):
     p = argparse.ArgumentParser(description=description,
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -86,9 +101,20 @@ def get_parser(description):
     g.add_argument("--log-dir", default=None, help="where config.json and metrics.jsonl go; default runs/<script>-<time>")
     g.add_argument("--log-all-ranks", action="store_true", help="print log lines from every rank, not just rank 0")
     g.add_argument("--checkpoint-dir", default=None, help="where checkpoints go; default <log-dir>/checkpoints")
-    g.add_argument("--resume", action="store_true", help="continue from the checkpoint in --checkpoint-dir")
+    g.add_argument("--resume", nargs="?", const=True, default=False, type=resume_mode,
+                   help="continue from the checkpoint in --checkpoint-dir (an error if there is none); "
+                        "--resume auto: continue if there is one, else start at epoch 1 (for restarted jobs)")
     g.add_argument("--save-model", action="store_true", help="also write the final weights to <log-dir>/model.*")
     return p
+
+
+def clip_flag(parser):
+    """--clip-grad-norm, for the scripts that implement it (DDP and Horovod PyTorch)."""
+    parser.add_argument_group("large batches").add_argument(
+        "--clip-grad-norm", type=positive_float, default=None, metavar="MAX_NORM",
+        help="before each step, rescale the averaged gradient so its global L2 norm is at most MAX_NORM "
+             "(with warmup it rescues the linearly scaled LR at 128 emulated workers: README, the LR lesson)")
+    return parser
 
 
 def parse(parser, argv=None):
@@ -97,6 +123,8 @@ def parse(parser, argv=None):
         parser.error(f"--data-dir {args.data_dir}: no such directory (add --download to fetch MNIST into it)")
     if args.resume and args.checkpoint_dir is None and args.log_dir is None:
         parser.error("--resume needs --checkpoint-dir (or the --log-dir of the run to continue)")
+    if args.resume == "auto":  # from here on every script sees a plain yes/no
+        args.resume = checkpoint_exists(args)
     if args.backend == "nccl" and args.device == "cpu":
         parser.error("--backend nccl needs GPUs; use --backend gloo with --device cpu")
     return args

@@ -8,6 +8,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from utils.data import normalized  # noqa: E402
+from utils.log import UserError  # noqa: E402
 
 
 def configure_tf(device, local_rank, num_threads):
@@ -56,3 +57,17 @@ def checksum(variables):
     for v in variables:
         h.update(np.asarray(v.numpy(), dtype=np.float32).tobytes())
     return h.hexdigest()[:16]
+
+
+def restore_latest(checkpoint, manager):
+    """Restore `manager`'s newest checkpoint into `checkpoint`; a missing, truncated or corrupted checkpoint, or
+    one of another model, is a UserError (one line), not a traceback."""
+    if manager.latest_checkpoint is None:
+        raise UserError(f"--resume: no checkpoint in {manager.directory}")
+    try:
+        checkpoint.restore(manager.latest_checkpoint).assert_existing_objects_matched()
+    except Exception as exc:
+        detail = " ".join(str(exc).split())[:300] or type(exc).__name__
+        raise UserError(f"checkpoint {manager.latest_checkpoint} does not load (truncated, corrupted or of "
+                        f"another model?): {detail}") from exc
+    return manager.latest_checkpoint

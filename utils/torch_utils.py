@@ -77,5 +77,5 @@ def restore(model, optimizer, state, path):
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
     except (KeyError, RuntimeError, ValueError) as exc:
-        fail(f"checkpoint {path} does not fit this model: {str(exc).splitlines()[0]}")
+        fail(f"checkpoint {path} does not fit this model: {' '.join(str(exc).split())[:300]}")
     return state["epoch"]

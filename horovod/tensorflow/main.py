@@ -17,7 +17,8 @@ sys.path.append(str(Path(__file__).resolve().parents[2]))
 from utils import data, dist, log  # noqa: E402
 from utils.parse_args import get_parser, parse, positive_float  # noqa: E402
 from utils.schedule import lr_at, scaled_lr  # noqa: E402
-from utils.tf_utils import build_model, checksum, configure_tf, images, shard_dataset  # noqa: E402
+from utils.tf_utils import (build_model, checksum, configure_tf, images, restore_latest,  # noqa: E402
+                            shard_dataset)
 
 import horovod.tensorflow as hvd  # noqa: E402
 import keras  # noqa: E402
@@ -135,10 +136,8 @@ def main():
     manager = tf.train.CheckpointManager(checkpoint, args.checkpoint_dir or str(Path(log_dir) / "checkpoints"),
                                          max_to_keep=2)
     if args.resume and env.is_main:  # rank 0 restores; the broadcast below hands the state to everyone
-        if manager.latest_checkpoint is None:
-            raise log.UserError(f"--resume: no checkpoint in {manager.directory}")
-        checkpoint.restore(manager.latest_checkpoint).assert_existing_objects_matched()
-        log.info(f"resumed from {manager.latest_checkpoint}: continuing at epoch {int(epoch_var) + 1}")
+        restored = restore_latest(checkpoint, manager)  # one line on stderr if it is missing or does not fit
+        log.info(f"resumed from {restored}: continuing at epoch {int(epoch_var) + 1}")
     first_epoch = hvd.broadcast_object(int(epoch_var), root_rank=0) + 1
     run.keep_epochs_before(first_epoch)
     # [hvd 4] start every rank from rank 0's weights and optimizer state. Horovod's own TF2 example does this

@@ -1,0 +1,50 @@
+"""Test-only fault injection: does nothing unless one of its environment variables is set.
+
+tests/test_failures.py uses it to make failures happen at a chosen moment, through the real code paths:
+
+COURSE_FAIL_AT=<rank>:<epoch>:<step>[:kill]
+    That rank stops when it reaches training step <step> (1-based) of epoch <epoch>: exit code 3, or SIGKILL of
+    itself with ``:kill`` (no cleanup at all, like a node that died). It fires on a first attempt only: not in a
+    worker that torchrun restarted (TORCHELASTIC_RESTART_COUNT > 0), so an elastic job recovers.
+COURSE_DIE_IN_WRITE=<file name>:<n>
+    The n-th atomic write (utils.log.atomic_write) of a file of that name in this process stops half-way:
+    half of the bytes in the temporary file, then SIGKILL, before the rename. The previous file must survive.
+"""
+import os
+import signal
+
+_writes = {}
+
+
+def _die(kill):
+    if kill:
+        os.kill(os.getpid(), signal.SIGKILL)
+    os._exit(3)
+
+
+def at_step(rank, epoch, step):
+    """Called by utils.log.Progress.update once per training step, on every rank."""
+    spec = os.environ.get("COURSE_FAIL_AT")
+    if not spec or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
+        return
+    parts = spec.split(":")
+    if [int(p) for p in parts[:3]] == [rank, epoch, step]:
+        print(f"COURSE_FAIL_AT: rank {rank} stops at epoch {epoch} step {step}", flush=True)
+        _die(parts[3:] == ["kill"])
+
+
+def in_write(path, f, tmp):
+    """Called by utils.log.atomic_write after the data reached the temporary file `tmp`, before the rename."""
+    spec = os.environ.get("COURSE_DIE_IN_WRITE")
+    if not spec:
+        return
+    name, n = spec.rsplit(":", 1)
+    if os.path.basename(path) != name:
+        return
+    _writes[name] = _writes.get(name, 0) + 1
+    if _writes[name] == int(n):
+        f.truncate(os.path.getsize(tmp) // 2)
+        f.flush()
+        os.fsync(f.fileno())
+        print(f"COURSE_DIE_IN_WRITE: killed while writing {path} (half of it is in {tmp})", flush=True)
+        _die(kill=True)
