@@ -115,6 +115,21 @@ step 4/4 "DeepSpeed JIT op cache"
 EXT_DIR="${TORCH_EXTENSIONS_DIR:-$CACHE/torch_extensions}"
 mkdir -p "$EXT_DIR"
 echo "TORCH_EXTENSIONS_DIR=$EXT_DIR"
+# cpu_adam (DeepSpeedCPUAdam) is the one op the course needs: ZeRO-Offload (deepspeed/main.py --offload,
+# zero/main.py). Built here once (~1-2 min on 2 cores) so that no test pays for it under a timeout.
+# Not needed: fused_adam ("torch_adam": true in deepspeed/ds_config.json) and deepspeed_shm_comm (an
+# inference-only all-reduce that deepspeed/main.py marks as unavailable on CPUs).
+# (deepspeed prints its accelerator warning on stdout: keep only the last line)
+DS_KEY=$("$PY" -c 'import deepspeed, torch; print(deepspeed.__version__, torch.__version__)' 2>/dev/null | tail -1 | sha)
+if [[ "$(cat "$EXT_DIR/.stamp-cpu_adam" 2>/dev/null)" == "$DS_KEY" ]] && compgen -G "$EXT_DIR/cpu_adam/cpu_adam*.so" >/dev/null; then
+  echo "cpu_adam: cached ($DS_KEY)"
+else
+  echo "cpu_adam: building (JIT, once)"
+  TORCH_EXTENSIONS_DIR="$EXT_DIR" "$PY" -c 'from deepspeed.ops.op_builder import CPUAdamBuilder; CPUAdamBuilder().load()' \
+    2>&1 | grep -v -e WARNING -e 'No CUDA runtime' || true
+  compgen -G "$EXT_DIR/cpu_adam/cpu_adam*.so" >/dev/null || { echo "cpu_adam did not build" >&2; false; }
+  echo "$DS_KEY" > "$EXT_DIR/.stamp-cpu_adam"
+fi
 
 trap - ERR
 printf '\nmake setup: done. Next: make doctor, make demo, make test.\n'

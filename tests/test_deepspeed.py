@@ -1,0 +1,84 @@
+"""deepspeed/main.py under its three launchers (deepspeed, torchrun, mpiexec), on the shipped MNIST digits."""
+import json
+
+import pytest
+
+from conftest import BIN, ROOT, check, error_lines, free_port, metrics, mpiexec, python, run, summary, torchrun
+
+SCRIPT = "deepspeed/main.py"
+QUICK = ["--epochs", "2", "--max-steps", "8", "--log-interval", "4"]
+DDP_METRIC_KEYS = {"epoch", "train_loss", "train_acc", "test_loss", "test_acc", "lr", "epoch_time_s", "train_time_s",
+                   "samples_per_s", "world_size", "framework", "launcher"}
+
+
+def deepspeed_launcher(nproc, script, *args):
+    # On CPUs `deepspeed` alone starts one process: --num_gpus is the process count there.
+    return [BIN / "deepspeed", "--num_gpus", nproc, "--master_port", free_port(), ROOT / script, *args]
+
+
+@pytest.mark.parametrize("launcher,stage,name", [(deepspeed_launcher, "2", "deepspeed"), (torchrun, "3", "torchrun"),
+                                                 (mpiexec, "1", "mpiexec")], ids=["deepspeed", "torchrun", "mpiexec"])
+def test_two_ranks_train_and_stay_identical(tmp_path, launcher, stage, name):
+    result = check(run(launcher(2, SCRIPT, *QUICK, "--zero-stage", stage, "--log-dir", tmp_path), timeout=240))
+    history = metrics(tmp_path)
+    assert [m["epoch"] for m in history] == [1, 2]
+    assert history[1]["train_loss"] < history[0]["train_loss"]
+    assert all(set(m) == DDP_METRIC_KEYS for m in history), history[0].keys()
+    assert all(m["world_size"] == 2 and m["framework"] == "deepspeed" for m in history)
+    assert history[0]["launcher"] == name
+    checksums = summary(tmp_path)["param_checksums"]
+    assert len(checksums) == 2 and checksums[0] == checksums[1], checksums
+    # Single host: the master stays on loopback under every launcher (DeepSpeed's MPI discovery would not).
+    assert json.loads((tmp_path / "config.json").read_text())["master_addr"] == "127.0.0.1"
+    # No JIT build on the way: torch's Adam instead of fused_adam, and no shm_comm op on CPUs.
+    assert "Building extension" not in result.stdout + result.stderr
+    assert "shm_comm" not in result.stdout + result.stderr
+
+
+def test_resume_from_a_deepspeed_checkpoint_matches_an_uninterrupted_run(tmp_path):
+    quick = ["--max-steps", "5", "--seed", "3", "--zero-stage", "2"]
+    check(run(torchrun(2, SCRIPT, *quick, "--epochs", "2", "--log-dir", tmp_path / "straight"), timeout=240))
+    check(run(torchrun(2, SCRIPT, *quick, "--epochs", "1", "--log-dir", tmp_path / "split"), timeout=240))
+    assert (tmp_path / "split" / "checkpoints" / "latest").read_text().strip() == "epoch1"
+    check(run(torchrun(2, SCRIPT, *quick, "--epochs", "2", "--resume", "--log-dir", tmp_path / "split"),
+              timeout=240))
+    assert summary(tmp_path / "split")["param_checksums"] == summary(tmp_path / "straight")["param_checksums"]
+    straight, split = metrics(tmp_path / "straight"), metrics(tmp_path / "split")
+    assert [m["epoch"] for m in split] == [1, 2]
+    for a, b in zip(straight, split):
+        assert a["train_loss"] == pytest.approx(b["train_loss"], abs=1e-12)
+        assert a["test_acc"] == b["test_acc"]
+
+
+def write_config(tmp_path, **changes):
+    config = json.loads((ROOT / "deepspeed" / "ds_config.json").read_text())
+    config.update(changes)
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+@pytest.mark.parametrize("changes,words", [
+    ({"train_bach_size": 64}, "unknown key(s) train_bach_size"),
+    ({"zero_optimization": {"stage": 2, "overlap_com": True}}, "overlap_com: Extra inputs are not permitted"),
+    ({"train_batch_size": 65}, "train_batch_size 65 is not divisible by the 2 ranks"),
+], ids=["unknown-key", "unknown-zero-key", "batch-not-divisible"])
+def test_bad_config_fails_every_rank_with_one_line(tmp_path, changes, words):
+    config = write_config(tmp_path, **changes)
+    result = run(mpiexec(2, SCRIPT, "--deepspeed_config", config, "--log-dir", tmp_path / "log"), timeout=120)
+    assert result.returncode != 0
+    errors = error_lines(result.stderr)
+    assert len(errors) == 2 and all(words in e for e in errors), result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+
+
+def test_bad_config_in_one_process_and_under_the_deepspeed_launcher(tmp_path):
+    config = write_config(tmp_path, train_bach_size=64)
+    result = run(python(SCRIPT, "--deepspeed_config", config, "--log-dir", tmp_path / "one"), timeout=120)
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert [e for e in error_lines(result.stderr) if "train_bach_size" in e] == error_lines(result.stderr) != []
+    # The deepspeed launcher stops the other rank as soon as one fails: at least one line, and a non-zero exit.
+    result = run(deepspeed_launcher(2, SCRIPT, "--deepspeed_config", config, "--log-dir", tmp_path / "two"),
+                 timeout=120)
+    assert result.returncode != 0
+    assert any("train_bach_size" in e for e in error_lines(result.stderr + result.stdout)), result.stderr[-3000:]

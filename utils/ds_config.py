@@ -1,0 +1,109 @@
+"""The DeepSpeed config of deepspeed/main.py: read the JSON file, apply the common flags, and check it.
+
+DeepSpeed silently ignores a top-level key it does not know (a misspelt "train_bach_size" changes nothing),
+and reports most other mistakes with an assertion deep inside deepspeed.initialize. Here each becomes one
+`error: ...` line on every rank, before the engine is built.
+"""
+import json
+
+from utils.log import fail
+
+
+def load(args, world_size, default_path):
+    """The checked config (a dict for deepspeed.initialize(config=...)). Needs the process group (world size)."""
+    config, path = read(args, world_size, default_path)
+    check(config, path)
+    args.deepspeed_config = str(path)
+    # The data loop follows the config: micro-batch per rank, and micro-batches per optimizer step.
+    args.batch_size = config["train_micro_batch_size_per_gpu"]
+    if "train_batch_size" in config:
+        args.grad_accum = config["train_batch_size"] // (world_size * args.batch_size)
+    return config
+
+
+def read(args, world_size, default_path):
+    """The JSON file + what the common flags decide (batch, accumulation, stage, offload)."""
+    path = args.deepspeed_config or default_path
+    try:
+        with open(path) as f:
+            config = json.load(f)
+    except (OSError, ValueError) as exc:
+        fail(f"DeepSpeed config {path}: {exc}")
+    if not isinstance(config, dict):
+        fail(f"DeepSpeed config {path}: expected a JSON object")
+    config.setdefault("train_micro_batch_size_per_gpu", args.batch_size)
+    if "train_batch_size" not in config:
+        config.setdefault("gradient_accumulation_steps", args.grad_accum)
+    micro = config["train_micro_batch_size_per_gpu"]
+    if "train_batch_size" in config:
+        total = config["train_batch_size"]
+        if not isinstance(total, int) or total <= 0 or total % world_size:
+            fail(f"DeepSpeed config {path}: train_batch_size {total} is not divisible by the {world_size} "
+                 f"ranks (it is the global batch: micro batch x accumulation steps x ranks)")
+        if isinstance(micro, int) and micro > 0 and (total // world_size) % micro:
+            fail(f"DeepSpeed config {path}: train_batch_size {total} / {world_size} ranks = "
+                 f"{total // world_size} per rank, not a multiple of the micro batch {micro}")
+    zero = config.setdefault("zero_optimization", {})
+    if args.zero_stage is not None:
+        zero["stage"] = args.zero_stage
+    if args.offload:
+        if zero.get("stage", 0) == 0:
+            fail("--offload needs ZeRO stage 1, 2 or 3 (add --zero-stage 2)")
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": False}
+        # ZeRO-Offload is built for DeepSpeedCPUAdam (vectorised C++ Adam, the JIT op cpu_adam); with
+        # "torch_adam" DeepSpeed would run torch's slower Adam on the CPU partitions instead.
+        config.get("optimizer", {}).get("params", {}).pop("torch_adam", None)
+    return config, path
+
+
+class _Recorder(dict):
+    """A dict that remembers which keys were looked up: the keys DeepSpeed never asks for are unknown to it."""
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.__dict__["seen"] = set()
+
+    def __getitem__(self, key):
+        self.seen.add(key)
+        return super().__getitem__(key)
+
+    def get(self, key, default=None):
+        self.seen.add(key)
+        return super().get(key, default)
+
+    def __contains__(self, key):
+        self.seen.add(key)
+        return super().__contains__(key)
+
+    def keys(self):
+        recorder, base = self, super().keys()
+
+        class Keys:
+            def __contains__(self, key):
+                recorder.seen.add(key)
+                return key in base
+
+            def __iter__(self):
+                return iter(base)
+
+            def __len__(self):
+                return len(base)
+        return Keys()
+
+
+def check(config, path):
+    """Refuse a config DeepSpeed would reject with a traceback, or silently ignore (a misspelt key)."""
+    from deepspeed.runtime.config import DeepSpeedConfig
+    recorder = _Recorder(config)
+    try:
+        DeepSpeedConfig(recorder)
+    except Exception as exc:
+        errors = getattr(exc, "errors", None)
+        if callable(errors):  # pydantic: an unknown or mistyped key inside a section
+            detail = "; ".join(f"{exc.title}.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in errors())
+        else:
+            detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        fail(f"DeepSpeed config {path}: {detail}")
+    unknown = sorted(set(config) - recorder.seen)
+    if unknown:
+        fail(f"DeepSpeed config {path}: unknown key(s) {', '.join(unknown)} (DeepSpeed would ignore them)")
