@@ -20,7 +20,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 # The repo root goes *after* site-packages, so our folders never shadow an installed library.
 sys.path.append(str(Path(__file__).resolve().parents[1]))
 from utils import data, dist, log  # noqa: E402
-from utils.parse_args import get_parser, parse  # noqa: E402
+from utils.parse_args import clip_flag, get_parser, parse  # noqa: E402
 from utils.schedule import lr_at, scaled_lr  # noqa: E402
 from utils.torch_utils import (Net, index_batches, load_checkpoint, param_checksum, restore,  # noqa: E402
                                save_checkpoint, seed_epoch, to_tensors)
@@ -61,6 +61,8 @@ def train_epoch(model, optimizer, x, y, steps, epoch, lr_of_step, env, args):
                 (loss / len(micro_batches)).backward()
             loss_sum += loss.item() * len(idx)
             correct += (output.argmax(1) == y[idx]).sum().item()
+        if args.clip_grad_norm:  # the gradients are averaged by now: every rank clips the same vector
+            torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad_norm)
         optimizer.step()
         progress.update(step + 1, loss.item())
     progress.close()
@@ -80,7 +82,7 @@ def evaluate(model, x, y, indices, batch_size):
 
 
 def main():
-    args = parse(get_parser(__doc__))
+    args = parse(clip_flag(get_parser(__doc__)))
     wall_start = time.perf_counter()
 
     # --- set up distributed ----------------------------------------------------------------------

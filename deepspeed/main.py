@@ -11,6 +11,7 @@ The numbered comments ([ds N]) are the lines that differ from DDP/main.py; deeps
 """
 import argparse
 import datetime
+import math
 import os
 import sys
 import time
@@ -148,7 +149,7 @@ def main():
     log.info(mnist.describe())
     x_train, y_train, x_test, y_test = to_tensors(mnist, env.device)
     test_idx = torch.from_numpy(data.test_shard(len(y_test), env.rank, env.world_size)).to(env.device)
-    test_batches = -(-(-(-len(y_test) // env.world_size)) // args.test_batch_size)  # [ds 6] ceil(ceil(N/ranks)/batch)
+    test_batches = math.ceil(math.ceil(len(y_test) / env.world_size) / args.test_batch_size)  # [ds 6] same on all ranks
 
     # --- model and optimizer ---------------------------------------------------------------------
     torch.manual_seed(args.seed)

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 # The repo root goes *after* site-packages, so our horovod/ folder never shadows the installed library.
 sys.path.append(str(Path(__file__).resolve().parents[2]))
 from utils import data, dist, log  # noqa: E402
-from utils.parse_args import get_parser, parse, positive_float, positive_int  # noqa: E402
+from utils.parse_args import clip_flag, get_parser, parse, positive_float, positive_int  # noqa: E402
 from utils.schedule import lr_at, scaled_lr  # noqa: E402
 from utils.torch_utils import (Net, index_batches, load_checkpoint, param_checksum, restore,  # noqa: E402
                                save_checkpoint, seed_epoch, to_tensors)
@@ -62,7 +62,13 @@ def train_epoch(model, optimizer, x, y, steps, epoch, lr_of_step, env, args):
             (loss / len(micro_batches)).backward()
             loss_sum += loss.item() * len(idx)
             correct += (output.argmax(1) == y[idx]).sum().item()
-        optimizer.step()  # [hvd 6] waits for the averaged gradients, then updates identical weights everywhere
+        if args.clip_grad_norm:  # clip the *averaged* gradient: wait for the all-reduce first
+            optimizer.synchronize()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad_norm)
+            with optimizer.skip_synchronize():
+                optimizer.step()
+        else:
+            optimizer.step()  # [hvd 6] waits for the averaged gradients, then updates identical weights everywhere
         progress.update(step + 1, loss.item())
     progress.close()
     return loss_sum, correct, len(steps) * args.grad_accum * args.batch_size
@@ -81,7 +87,7 @@ def evaluate(model, x, y, indices, batch_size):
 
 
 def main():
-    args = parse(horovod_flags(get_parser(__doc__)))
+    args = parse(clip_flag(horovod_flags(get_parser(__doc__))))
     wall_start = time.perf_counter()
 
     # --- set up distributed ----------------------------------------------------------------------
