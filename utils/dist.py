@@ -256,6 +256,9 @@ def gather_object(obj):
 
 
 def shutdown():
+    """Leave together: a rank that tears down gloo while its peer is still writing the summary can make the
+    peer's gloo threads abort ("terminate called without an active exception") after a successful run."""
     if _initialized():
         import torch.distributed as tdist
+        tdist.barrier()
         tdist.destroy_process_group()
