@@ -221,6 +221,7 @@ def breakdown(steps, batch_size):
         step_ms = sum(ms.values())
         print(json.dumps({"ms_per_step": ms, "fraction": {k: v / step_ms for k, v in ms.items()},
                           "step_ms": step_ms}), flush=True)
+    tdist.barrier()  # leave together (see utils/dist.shutdown): avoids a gloo abort at exit
     tdist.destroy_process_group()
 
 
