@@ -26,7 +26,7 @@ import deepspeed  # [ds 0] the installed library: this folder has no __init__.py
 
 # The repo root goes *after* site-packages, so our folders never shadow an installed library.
 sys.path.append(str(Path(__file__).resolve().parents[1]))
-from utils import data, dist, ds_config, log  # noqa: E402
+from utils import data, dist, ds_checkpoint, ds_config, log  # noqa: E402
 from utils.parse_args import get_parser, parse  # noqa: E402
 from utils.schedule import lr_at, scaled_lr  # noqa: E402
 from utils.torch_utils import (Net, index_batches, param_checksum, save_checkpoint,  # noqa: E402
@@ -158,6 +158,7 @@ def main():
     config.setdefault("optimizer", {"type": "Adam", "params": {}}).setdefault("params", {})["lr"] = lr
     # [ds 4] the engine: broadcasts rank 0's weights, builds the optimizer of the config (ZeRO-partitioned)
     model, optimizer, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    ds_checkpoint.use_safe_checkpoints(model)  # [ds 7] atomic writes, weights_only=True loads
     if model.bfloat16_enabled() or model.fp16_enabled():  # GPU configs: the engine casts the weights, not the inputs
         x_train, x_test = (t.to(torch.bfloat16 if model.bfloat16_enabled() else torch.half) for t in (x_train, x_test))
     checkpoint = Path(args.checkpoint_dir or Path(log_dir) / "checkpoints")
@@ -190,8 +191,8 @@ def main():
         test = evaluate(model, x_test, y_test, test_idx, args.test_batch_size, test_batches)
         run.epoch_end(epoch, all_sum(train + test, env), optimizer.param_groups[0]["lr"],
                       time.perf_counter() - start, train_time, env, FRAMEWORK)
-        # [ds 7] every rank writes its partition (collective); `latest` names the newest tag
-        model.save_checkpoint(checkpoint, tag=f"epoch{epoch}", client_state={"epoch": epoch})
+        # [ds 7] every rank writes its partition (collective); then `latest` names the new tag
+        ds_checkpoint.save(model, checkpoint, f"epoch{epoch}", {"epoch": epoch}, env.is_main)
 
     # --- summary ---------------------------------------------------------------------------------
     with gathered(model):  # [ds 8]

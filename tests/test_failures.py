@@ -194,28 +194,46 @@ def test_same_command_twice_gives_identical_metrics(tmp_path, tiny, straight_run
     # killed while writing epoch 2's checkpoint: half a temporary file, no rename
     (DDP, {"COURSE_DIE_IN_WRITE": "checkpoint.pt:2"}),
     (HVD_TORCH, {"COURSE_DIE_IN_WRITE": "checkpoint.pt:2"}),
+    (DS, {"COURSE_DIE_IN_WRITE": "mp_rank_00_model_states.pt:2"}),
+    # TensorFlow's CheckpointManager writes ckpt-2 itself: killed the moment its first file appears
+    (HVD_TF, {"COURSE_DIE_ON_FILE": "{log_dir}/checkpoints/ckpt-2*"}),
     # killed (SIGKILL) in the middle of epoch 2, after epoch 1's checkpoint
     (HVD_TF, {"COURSE_FAIL_AT": "0:2:3:kill"}),
     (DS, {"COURSE_FAIL_AT": "0:2:3:kill"}),
-], ids=["ddp-in-checkpoint-write", "hvd-torch-in-checkpoint-write", "hvd-tf-mid-epoch", "deepspeed-mid-epoch"])
+], ids=["ddp-in-checkpoint-write", "hvd-torch-in-checkpoint-write", "deepspeed-in-checkpoint-write",
+        "hvd-tf-in-checkpoint-write", "hvd-tf-mid-epoch", "deepspeed-mid-epoch"])
 # (DDP killed mid-epoch under torchrun: test_torchrun_elastic_restart_resumes_from_the_checkpoint)
 def test_killed_run_resumes_to_the_uninterrupted_result(tmp_path, tiny, straight_run, script, fault):
+    fault = {k: v.format(log_dir=tmp_path) for k, v in fault.items()}
     killed = run(quick(script, tmp_path, "--data-dir", tiny), timeout=240, env=fault)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
-    assert [m["epoch"] for m in metrics(tmp_path)][0] == 1
-    if "COURSE_DIE_IN_WRITE" in fault:
+    in_save = "COURSE_FAIL_AT" not in fault  # killed in epoch 2's checkpoint save, after its metrics line
+    assert [m["epoch"] for m in metrics(tmp_path)] == ([1, 2] if in_save else [1])
+    checkpoints = tmp_path / "checkpoints"
+    if script in (DDP, HVD_TORCH) and "COURSE_DIE_IN_WRITE" in fault:
         # the previous checkpoint is intact (epoch 1); the half-written one never got the real name
-        state = torch.load(tmp_path / "checkpoints" / "checkpoint.pt", weights_only=True)
-        assert state["epoch"] == 1
-        partial = list((tmp_path / "checkpoints").glob(".tmp-checkpoint.pt*"))
-        assert len(partial) == 1 and partial[0].stat().st_size > 0
-        partial[0].unlink()  # what a crash leaves behind; harmless, removed so the final check is strict
+        assert torch.load(checkpoints / "checkpoint.pt", weights_only=True)["epoch"] == 1
+        remove_the_half_written_file(checkpoints, ".tmp-checkpoint.pt*")
+    if script == DS and "COURSE_DIE_IN_WRITE" in fault:
+        assert (checkpoints / "latest").read_text() == "epoch1"  # still names the complete checkpoint
+        remove_the_half_written_file(checkpoints / "epoch2", ".tmp-mp_rank_00_model_states.pt*")
+    if "COURSE_DIE_ON_FILE" in fault:
+        assert "COURSE_DIE_ON_FILE: killed" in killed.stdout
+        assert 'model_checkpoint_path: "ckpt-1"' in (checkpoints / "checkpoint").read_text()
     resumed = checked(run(quick(script, tmp_path, "--data-dir", tiny, "--resume"), timeout=240))
     assert "continuing at epoch 2" in resumed.stdout
     reference = straight_run(script)
     assert without_timing(metrics(tmp_path)) == without_timing(metrics(reference))
     assert summary(tmp_path)["param_checksums"] == summary(reference)["param_checksums"]
     assert_log_dir_sound(tmp_path)
+
+
+def remove_the_half_written_file(folder, pattern):
+    """What a crash in atomic_write leaves: one non-empty temporary file. Harmless; removed here so the final
+    check (no temporary file anywhere) is strict."""
+    partial = list(folder.glob(pattern))
+    assert len(partial) == 1 and partial[0].stat().st_size > 0, partial
+    partial[0].unlink()
 
 
 def test_torchrun_elastic_restart_resumes_from_the_checkpoint(tmp_path, tiny):
@@ -324,6 +342,22 @@ class OtherNet(torch.nn.Module):
         self.fc = torch.nn.Linear(784, 10)
 
 
+class RunsCode:
+    """Unpickling this calls os.mkdir(marker): what a malicious checkpoint could do with any function."""
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return os.mkdir, (self.marker,)
+
+
+def plant_code(path, marker):
+    """Add an object that runs code when unpickled to the checkpoint file at `path` (our own file)."""
+    state = torch.load(path, weights_only=False)
+    state["payload"] = RunsCode(marker)
+    torch.save(state, path)
+
+
 def torch_checkpoints(folder):
     """The torch examples' checkpoint.pt: a real one (truncated, corrupted) and one of another model."""
     from utils.torch_utils import Net
@@ -342,6 +376,11 @@ def torch_checkpoints(folder):
         if mutate:
             ckpt.write_bytes(mutate(ckpt.read_bytes()))
         cases[name] = folder / name
+    ckpt = folder / "runs-code" / "checkpoints" / "checkpoint.pt"
+    ckpt.parent.mkdir(parents=True)
+    torch.save(real, ckpt)
+    plant_code(ckpt, folder / "runs-code" / "code-ran")
+    cases["runs-code"] = folder / "runs-code"
     return cases
 
 
@@ -373,6 +412,11 @@ def test_bad_checkpoint_is_one_line_and_leaves_the_log_dir_alone(tmp_path, tiny,
         corrupt_largest(cases["truncated"], pattern, lambda b: b[:len(b) // 2])
         corrupt_largest(cases["corrupted"], pattern, lambda b: os.urandom(len(b)))
         cases["other-model"] = other_model_checkpoint(script, good, tmp_path / "other-model")
+        if script == DS:  # weights_only=True: DeepSpeed's own loader would run this (weights_only=False)
+            shutil.copytree(good, tmp_path / "runs-code")
+            plant_code(next((tmp_path / "runs-code" / "checkpoints").rglob("*model_states.pt")),
+                       tmp_path / "runs-code" / "code-ran")
+            cases["runs-code"] = tmp_path / "runs-code"
     for name, log_dir in cases.items():
         before = {p.relative_to(log_dir): p.read_bytes() for p in log_dir.rglob("*") if p.is_file()}
         result = run(python(script, "--resume", "--data-dir", tiny, "--num-threads", "1", "--log-dir", log_dir),
@@ -382,6 +426,7 @@ def test_bad_checkpoint_is_one_line_and_leaves_the_log_dir_alone(tmp_path, tiny,
         assert len(errors) == 1 and "checkpoint" in errors[0], (name, result.stderr[-3000:])
         assert "Traceback" not in result.stderr, (name, result.stderr[-3000:])
         assert_log_dir_sound(log_dir, before)
+        assert not (log_dir / "code-ran").exists(), "a checkpoint ran code while loading"
         print(f"\n[{script} {name}] {errors[0]}")
 
 

@@ -9,9 +9,15 @@ COURSE_FAIL_AT=<rank>:<epoch>:<step>[:kill]
 COURSE_DIE_IN_WRITE=<file name>:<n>
     The n-th atomic write (utils.log.atomic_write) of a file of that name in this process stops half-way:
     half of the bytes in the temporary file, then SIGKILL, before the rename. The previous file must survive.
+COURSE_DIE_ON_FILE=<glob>
+    For writers that are not ours (TensorFlow's CheckpointManager): a thread watches for a path matching the
+    glob and SIGKILLs this process the moment one appears, i.e. while that checkpoint is being written.
 """
+import glob
 import os
 import signal
+import threading
+import time
 
 _writes = {}
 
@@ -48,3 +54,14 @@ def in_write(path, f, tmp):
         os.fsync(f.fileno())
         print(f"COURSE_DIE_IN_WRITE: killed while writing {path} (half of it is in {tmp})", flush=True)
         _die(kill=True)
+
+
+def _watch(pattern):
+    while not glob.glob(pattern):
+        time.sleep(0.0005)
+    print(f"COURSE_DIE_ON_FILE: killed as {glob.glob(pattern)[0]} appeared", flush=True)
+    _die(kill=True)
+
+
+if os.environ.get("COURSE_DIE_ON_FILE"):
+    threading.Thread(target=_watch, args=(os.environ["COURSE_DIE_ON_FILE"],), daemon=True).start()
