@@ -13,7 +13,6 @@ from contextlib import nullcontext
 from pathlib import Path
 
 import torch
-import torch.distributed as tdist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -26,21 +25,6 @@ from utils.torch_utils import (Net, index_batches, load_checkpoint, param_checks
                                save_checkpoint, seed_epoch, to_tensors)
 
 FRAMEWORK = "pytorch-ddp"
-
-
-def all_sum(values, env):
-    """[ddp 5] Sum a few numbers over all ranks (metrics), so every rank reports the global value."""
-    t = torch.tensor(values, dtype=torch.float64, device=env.device)
-    if env.distributed:
-        tdist.all_reduce(t, op=tdist.ReduceOp.SUM)
-    return t.tolist()
-
-
-def all_max(value, env):
-    t = torch.tensor([value], dtype=torch.float64, device=env.device)
-    if env.distributed:
-        tdist.all_reduce(t, op=tdist.ReduceOp.MAX)
-    return t.item()
 
 
 def train_epoch(model, optimizer, x, y, steps, epoch, lr_of_step, env, args):
@@ -129,9 +113,10 @@ def main():
 
         start = time.perf_counter()
         train = train_epoch(model, optimizer, x_train, y_train, steps, epoch, lr_of_step, env, args)
-        train_time = all_max(time.perf_counter() - start, env)
+        train_time = dist.all_max(time.perf_counter() - start, env)
         test = evaluate(model, x_test, y_test, test_idx, args.test_batch_size)
-        run.epoch_end(epoch, all_sum(train + test, env), optimizer.param_groups[0]["lr"],
+        # [ddp 5] sum the metrics over ranks, so every number printed is global
+        run.epoch_end(epoch, dist.all_sum(train + test, env), optimizer.param_groups[0]["lr"],
                       time.perf_counter() - start, train_time, env, FRAMEWORK)
         if env.is_main:  # one writer; the file is replaced atomically
             save_checkpoint(checkpoint, {"model": getattr(model, "module", model).state_dict(),

@@ -19,7 +19,6 @@ import warnings
 from pathlib import Path
 
 import torch
-import torch.distributed as tdist
 import torch.nn.functional as F
 
 import deepspeed  # [ds 0] the installed library: this folder has no __init__.py and the repo root goes last
@@ -73,21 +72,6 @@ def init_distributed(args):
         log.fail(f"could not start DeepSpeed's process group ({env.backend}) with master "
                  f"{env.master_addr}:{env.master_port}: {str(exc).splitlines()[0]}")
     return env
-
-
-def all_sum(values, env):
-    """Sum a few numbers over all ranks (metrics), so every rank reports the global value."""
-    t = torch.tensor(values, dtype=torch.float64, device=env.device)
-    if env.distributed:
-        tdist.all_reduce(t, op=tdist.ReduceOp.SUM)
-    return t.tolist()
-
-
-def all_max(value, env):
-    t = torch.tensor([value], dtype=torch.float64, device=env.device)
-    if env.distributed:
-        tdist.all_reduce(t, op=tdist.ReduceOp.MAX)
-    return t.item()
 
 
 def train_epoch(model, optimizer, x, y, steps, epoch, lr_of_step, env, args):
@@ -187,9 +171,9 @@ def main():
 
         start = time.perf_counter()
         train = train_epoch(model, optimizer, x_train, y_train, steps, epoch, lr_of_step, env, args)
-        train_time = all_max(time.perf_counter() - start, env)
+        train_time = dist.all_max(time.perf_counter() - start, env)
         test = evaluate(model, x_test, y_test, test_idx, args.test_batch_size, test_batches)
-        run.epoch_end(epoch, all_sum(train + test, env), optimizer.param_groups[0]["lr"],
+        run.epoch_end(epoch, dist.all_sum(train + test, env), optimizer.param_groups[0]["lr"],
                       time.perf_counter() - start, train_time, env, FRAMEWORK)
         # [ds 7] every rank writes its partition (collective); then `latest` names the new tag
         ds_checkpoint.save(model, checkpoint, f"epoch{epoch}", {"epoch": epoch}, env.is_main)

@@ -18,6 +18,22 @@ def test_efficiency_arithmetic():
     assert bench.overhead(100.0, 100.0) == 0
 
 
+def test_rounds_combine_into_medians_and_ranges():
+    rounds = [{"examples": [{"example": "ddp", "efficiency": e, "overhead": o}]}
+              for e, o in [(0.80, 0.05), (0.90, -0.01), (0.86, 0.02)]]
+    (row,) = bench.combine(rounds)
+    assert row["efficiency"] == 0.86 and row["efficiency_range"] == [0.80, 0.90]
+    assert row["overhead"] == 0.02 and row["overhead_range"] == [-0.01, 0.05]
+
+
+def test_the_reported_knobs_are_the_examples_defaults():
+    import re
+    source = (ROOT / "utils" / "tf_utils.py").read_text()  # (not imported: TensorFlow takes seconds to load)
+    assert bench.knob_settings()["SCALING_DL_TFDATA_THREADS"] == re.search(r'TFDATA_THREADS = "(\d+)"', source)[1]
+    from utils.dist import HOROVOD_CPU_KNOBS
+    assert bench.knob_settings()["HOROVOD_CYCLE_TIME"] == HOROVOD_CPU_KNOBS["HOROVOD_CYCLE_TIME"]
+
+
 def test_steady_throughput_skips_the_warm_up_epoch():
     history = [{"samples_per_s": 10.0}, {"samples_per_s": 500.0}, {"samples_per_s": 520.0},
                {"samples_per_s": 480.0}]
@@ -29,12 +45,21 @@ def test_quick_mode_emits_every_field(tmp_path):
     out = tmp_path / "latest.json"
     check(run([sys.executable, ROOT / "utils/bench.py", "--quick", "--out", out], timeout=900))
     report = json.loads(out.read_text())
+    assert report["repeat"] == 1 and len(report["rounds"]) == 1
     assert {r["example"] for r in report["examples"]} == set(bench.EXAMPLES)
+    assert set(report["rounds"][0]["independent_pair_samples_per_s"]) == {"torch", "tf"}  # a ceiling per framework
     for r in report["examples"]:
         for key in ("efficiency", "ceiling_efficiency", "overhead", "samples_per_s_1", "samples_per_s_2"):
             assert isinstance(r[key], float) and r[key] == r[key], (r["example"], key)  # a number, not nan
+            assert r[key + "_range"] == [r[key], r[key]]  # one round: the range is the value
         assert r["samples_per_s_1"] > 0 and r["samples_per_s_2"] > 0
         assert r["efficiency"] == pytest.approx(r["samples_per_s_2"] / (2 * r["samples_per_s_1"]))
+        kind = bench.EXAMPLES[r["example"]][2]
+        pair = report["rounds"][0]["independent_pair_samples_per_s"][kind]
+        assert r["ceiling_efficiency"] == pytest.approx(sum(pair) / (2 * r["samples_per_s_1"]))
+        if r["example"] in bench.LIBRARY_DEFAULTS:  # the Horovod knob, measured against Horovod's default
+            assert r["knob_speedup"] == pytest.approx(r["samples_per_s_2"] / r["samples_per_s_2_library_defaults"])
+    assert report["knobs"] == {"HOROVOD_CYCLE_TIME": "5", "SCALING_DL_TFDATA_THREADS": "1"}
     fractions = report["breakdown"]["fraction"]
     assert set(fractions) == {"data", "forward_backward", "communication", "optimizer"}
     assert sum(fractions.values()) == pytest.approx(1.0)

@@ -1,4 +1,6 @@
 """Horovod examples (PyTorch, TensorFlow custom loop, Keras API) under horovodrun and mpiexec."""
+import json
+
 import pytest
 import torch
 
@@ -35,11 +37,16 @@ def test_two_ranks_train_and_stay_identical(tmp_path, script, launch, launcher):
     check(run(launch(script, *QUICK, "--log-dir", tmp_path), timeout=300))
     history = assert_trained_and_identical(tmp_path)
     assert history[0]["launcher"] == launcher
+    # the course's CPU knob (utils/dist.HOROVOD_CPU_KNOBS) reached Horovod before hvd.init()
+    assert json.loads((tmp_path / "config.json").read_text())["horovod_knobs"] == {"HOROVOD_CYCLE_TIME": "5"}
 
 
 def test_fp16_allreduce_trains_and_keeps_ranks_identical(tmp_path):
-    check(run(horovodrun(2, TORCH, *QUICK, "--fp16-allreduce", "--log-dir", tmp_path), timeout=300))
+    # (and a knob set in the environment wins over the course's default)
+    check(run(horovodrun(2, TORCH, *QUICK, "--fp16-allreduce", "--log-dir", tmp_path), timeout=300,
+              env={"HOROVOD_CYCLE_TIME": "2"}))
     assert_trained_and_identical(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["horovod_knobs"] == {"HOROVOD_CYCLE_TIME": "2"}
 
 
 def test_torch_two_ranks_equal_one_process_on_the_combined_batch(tmp_path):

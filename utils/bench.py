@@ -2,16 +2,19 @@
 """make bench: every framework measured side by side on this machine, with one thread per rank.
 
 For each example: training throughput at 1 and 2 ranks (same model, same batch per rank), the weak-scaling
-efficiency = throughput(2) / (2 x throughput(1)), the *ceiling* (two independent 1-rank runs at once, no
-communication: what 2 ranks can reach on this box) and each example's efficiency relative to it, and the
-example's overhead against a bare loop over the same preloaded tensors. Then a per-step time breakdown on
-rank 0 of a 2-rank run (data, forward+backward, gradient all-reduce, optimizer), measured phase by phase.
+efficiency = throughput(2) / (2 x throughput(1)), the *ceiling* (two independent 1-rank runs of the same
+framework at once, no communication: what 2 ranks can reach on this box) and each example's efficiency
+relative to it, and the example's overhead against a bare loop over the same preloaded tensors. Then a
+per-step time breakdown on rank 0 of a 2-rank run (data, forward+backward, gradient all-reduce, optimizer),
+measured phase by phase.
 
-Epoch 1 of every run is warm-up (graph tracing, allocator, connections) and excluded; throughput is the
-median over the remaining epochs, each epoch `--steps` steps. Results: a table on stdout and
-runs/bench/latest.json.
-    python utils/bench.py            # full: 6 epochs x 40 steps per run
-    python utils/bench.py --quick    # short: 3 epochs x 8 steps (the test suite runs this)
+Epoch 1 of every run is warm-up (graph tracing, allocator, connections) and excluded; a run's throughput is
+the median over its remaining epochs. The whole set is repeated `--repeat` times, interleaved (round 1 runs
+everything once, then round 2 ...), because this machine's speed drifts by +-10% over minutes: every ratio
+is computed within a round, from runs minutes apart, and the report gives the median over rounds and the
+range. Results: a table on stdout and runs/bench/latest.json.
+    python utils/bench.py            # full: 3 rounds of 4 epochs x 40 steps per run (about 20 minutes)
+    python utils/bench.py --quick    # short: 1 round of 3 epochs x 8 steps (the test suite runs this)
 """
 import argparse
 import json
@@ -73,9 +76,9 @@ def example_flags(args, log_dir):
             "--num-threads", "1", "--log-interval", "1000", "--log-dir", str(log_dir)]
 
 
-def launch(cmd, timeout):
-    proc = subprocess.Popen([str(c) for c in cmd], cwd=ROOT, env=env_for_bench(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+def launch(cmd, timeout, extra_env=None):
+    proc = subprocess.Popen([str(c) for c in cmd], cwd=ROOT, env=dict(env_for_bench(), **(extra_env or {})),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     return proc, timeout
 
 
@@ -99,21 +102,30 @@ def measure_example(name, args, work, port):
     script, two_rank_prefix, bare_kind = EXAMPLES[name]
     one = work / f"{name}-1"
     wait(*launch([PY, ROOT / script, *example_flags(args, one)], args.timeout), f"{name} 1 rank")
-    two = work / f"{name}-2"
-    wait(*launch([*two_rank_prefix(port), ROOT / script, *example_flags(args, two)], args.timeout),
-         f"{name} 2 ranks")
-    return steady_throughput(history(one)), steady_throughput(history(two)), bare_kind
+    return steady_throughput(history(one)), measure_two_ranks(name, args, work, port), bare_kind
 
 
-def measure_ceiling(args, work):
-    """Two independent single-process DDP runs at the same time: no communication at all."""
+def measure_two_ranks(name, args, work, port, extra_env=None, tag=""):
+    script, two_rank_prefix, _ = EXAMPLES[name]
+    two = work / f"{name}-2{tag}"
+    wait(*launch([*two_rank_prefix(port), ROOT / script, *example_flags(args, two)], args.timeout, extra_env),
+         f"{name} 2 ranks {tag}")
+    return steady_throughput(history(two))
+
+
+PAIR_SCRIPT = {"torch": "DDP/main.py", "tf": "horovod/tensorflow/main.py"}  # the ceiling's 1-rank runs
+
+
+def measure_ceiling(kind, args, work):
+    """Two independent single-process runs of one framework at the same time: no communication at all."""
     procs = []
     for i in range(2):
-        log_dir = work / f"independent-{i}"
-        procs.append((launch([PY, ROOT / "DDP/main.py", *example_flags(args, log_dir)], args.timeout), log_dir))
+        log_dir = work / f"independent-{kind}-{i}"
+        procs.append((launch([PY, ROOT / PAIR_SCRIPT[kind], *example_flags(args, log_dir)], args.timeout),
+                      log_dir))
     rates = []
     for (proc, timeout), log_dir in procs:
-        wait(proc, timeout, "independent run")
+        wait(proc, timeout, f"independent {kind} run")
         rates.append(steady_throughput(history(log_dir)))
     return rates
 
@@ -226,12 +238,69 @@ def breakdown(steps, batch_size):
 
 
 # --- report ----------------------------------------------------------------------------------------------
+def measure_round(names, args, work, round_no):
+    """Everything once: per framework kind its independent pair and bare loop, then each example at 1 and
+    2 ranks. Ratios are taken inside the round."""
+    kinds = sorted({EXAMPLES[n][2] for n in names})
+    pairs, bare = {}, {}
+    for kind in kinds:
+        print(f"  round {round_no}: {kind} ceiling (two independent 1-rank runs at once), bare loop ...", flush=True)
+        pairs[kind] = measure_ceiling(kind, args, work)
+        bare[kind] = measure_bare(kind, args)
+    rows = []
+    for i, name in enumerate(names):
+        print(f"  round {round_no}: {name} at 1 rank, 2 ranks ...", flush=True)
+        one, two, kind = measure_example(name, args, work, 29600 + i)
+        eff, ceiling = efficiency(one, two), ceiling_efficiency(one, pairs[kind])
+        row = dict(example=name, samples_per_s_1=one, samples_per_s_2=two, efficiency=eff,
+                   ceiling_efficiency=ceiling, relative_to_ceiling=eff / ceiling,
+                   bare_samples_per_s=bare[kind], overhead=overhead(one, bare[kind]))
+        if name in LIBRARY_DEFAULTS and not args.no_knobs:  # the course's knob against the library's default
+            print(f"  round {round_no}: {name} at 2 ranks with the library's defaults {LIBRARY_DEFAULTS[name]} ...",
+                  flush=True)
+            lib = measure_two_ranks(name, args, work, 29620 + i, LIBRARY_DEFAULTS[name], "-library-defaults")
+            row.update(samples_per_s_2_library_defaults=lib, knob_speedup=two / lib)
+        rows.append(row)
+    return dict(independent_pair_samples_per_s=pairs, examples=rows)
+
+
+# Knobs whose library default the examples change (on CPU): Horovod's cycle time (utils/dist.py,
+# HOROVOD_CPU_KNOBS) and tf.data's thread pool (utils/tf_utils.py, TFDATA_THREADS). Each round also runs the
+# 2-rank example with the libraries' own values, and the report gives the speed-up of the course's choice.
+LIBRARY_DEFAULTS = {"horovod-pytorch": {"HOROVOD_CYCLE_TIME": "1"},
+                    "horovod-tensorflow": {"HOROVOD_CYCLE_TIME": "1", "SCALING_DL_TFDATA_THREADS": "0"}}
+
+
+def knob_settings():
+    """The performance settings in effect for this benchmark (the examples' defaults, or the environment's)."""
+    from utils.dist import HOROVOD_CPU_KNOBS
+    defaults = dict(HOROVOD_CPU_KNOBS, SCALING_DL_TFDATA_THREADS="1")  # utils/tf_utils.TFDATA_THREADS
+    return {k: os.environ.get(k, v) for k, v in defaults.items()}
+
+
+def combine(rounds):
+    """Median over rounds of every number (each ratio was computed within its round), and its range."""
+    out = []
+    for i, first in enumerate(rounds[0]["examples"]):
+        per_round = [r["examples"][i] for r in rounds]
+        row = {"example": first["example"]}
+        for key in first:
+            if key != "example" and all(key in r for r in per_round):
+                values = [r[key] for r in per_round]
+                row[key] = statistics.median(values)
+                row[key + "_range"] = [min(values), max(values)]
+        out.append(row)
+    return out
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="3 epochs x 8 steps per run (a smoke test)")
-    parser.add_argument("--epochs", type=int, default=6, help="epochs per run; the first is warm-up")
+    parser.add_argument("--quick", action="store_true", help="1 round of 3 epochs x 8 steps per run (a smoke test)")
+    parser.add_argument("--repeat", type=int, default=3, help="rounds; medians over them are reported")
+    parser.add_argument("--epochs", type=int, default=4, help="epochs per run; the first is warm-up")
     parser.add_argument("--steps", type=int, default=40, help="training steps per epoch")
     parser.add_argument("--batch-size", type=int, default=64, help="batch per rank")
+    parser.add_argument("--no-knobs", action="store_true", help="skip the runs with the libraries' defaults")
     parser.add_argument("--only", nargs="*", choices=list(EXAMPLES), help="measure only these examples")
     parser.add_argument("--out", default=str(ROOT / "runs" / "bench" / "latest.json"))
     parser.add_argument("--timeout", type=int, default=600)
@@ -246,34 +315,22 @@ def main():
         breakdown(args.steps, args.batch_size)
         return
     if args.quick:
-        args.epochs, args.steps = 3, 8
+        args.repeat, args.epochs, args.steps = 1, 3, 8
+    if args.repeat < 1 or args.epochs < 2 or args.steps < 1:
+        parser.error("--repeat and --steps must be at least 1, --epochs at least 2 (the first is warm-up)")
 
     names = args.only or list(EXAMPLES)
     started = time.strftime("%Y-%m-%d %H:%M")
-    print(f"bench: {len(names)} example(s), {args.epochs} epochs x {args.steps} steps, batch {args.batch_size} "
-          f"per rank, 1 thread per rank, on {os.cpu_count()} cores", flush=True)
+    print(f"bench: {len(names)} example(s), {args.repeat} round(s) of {args.epochs} epochs x {args.steps} steps, "
+          f"batch {args.batch_size} per rank, 1 thread per rank, on {os.cpu_count()} cores", flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
-        work = Path(tmp)
-        print("  ceiling: two independent 1-rank runs at once ...", flush=True)
-        pair = measure_ceiling(args, work)
-        bare = {}
-        results = []
-        for i, name in enumerate(names):
-            print(f"  {name}: 1 rank, 2 ranks ...", flush=True)
-            one, two, kind = measure_example(name, args, work, 29600 + i)
-            if kind not in bare:
-                bare[kind] = measure_bare(kind, args)
-            eff = efficiency(one, two)
-            ceiling = ceiling_efficiency(one, pair)
-            results.append(dict(example=name, samples_per_s_1=one, samples_per_s_2=two, efficiency=eff,
-                                ceiling_efficiency=ceiling, relative_to_ceiling=eff / ceiling,
-                                bare_samples_per_s=bare[kind], overhead=overhead(one, bare[kind])))
+        rounds = [measure_round(names, args, Path(tmp), r + 1) for r in range(args.repeat)]
         print("  breakdown of a 2-rank step ...", flush=True)
         parts = measure_breakdown(args, 29650)
 
-    report = dict(date=started, cpu_count=os.cpu_count(), epochs=args.epochs, steps=args.steps,
-                  batch_size=args.batch_size, independent_pair_samples_per_s=pair, breakdown=parts,
-                  examples=results)
+    report = dict(date=started, cpu_count=os.cpu_count(), repeat=args.repeat, epochs=args.epochs,
+                  steps=args.steps, batch_size=args.batch_size, knobs=knob_settings(), breakdown=parts,
+                  examples=combine(rounds), rounds=rounds)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2))
     print_table(report)
@@ -282,13 +339,23 @@ def main():
 
 def print_table(report):
     header = ("example", "1 rank/s", "2 ranks/s", "efficiency", "ceiling", "eff/ceiling", "overhead")
-    lines = [header] + [(r["example"], f"{r['samples_per_s_1']:.0f}", f"{r['samples_per_s_2']:.0f}",
-                         f"{r['efficiency']:.2f}", f"{r['ceiling_efficiency']:.2f}",
-                         f"{r['relative_to_ceiling']:.2f}", f"{100 * r['overhead']:+.1f}%")
-                        for r in report["examples"]]
-    print()
+    lines = [header]
+    for r in report["examples"]:
+        lo, hi = r["efficiency_range"]
+        olo, ohi = r["overhead_range"]
+        lines.append((r["example"], f"{r['samples_per_s_1']:.0f}", f"{r['samples_per_s_2']:.0f}",
+                      f"{r['efficiency']:.2f} ({lo:.2f}-{hi:.2f})", f"{r['ceiling_efficiency']:.2f}",
+                      f"{r['relative_to_ceiling']:.2f}", f"{100 * r['overhead']:+.1f}% ({100 * olo:+.0f}..{100 * ohi:+.0f})"))
+    print(f"\nmedians over {report['repeat']} round(s), range over rounds in brackets")
     for line in lines:
-        print("  ".join(f"{c:>{20 if i == 0 else 11}}" for i, c in enumerate(line)))
+        print("  ".join(f"{c:>{19 if i in (0, 3, 6) else 10}}" for i, c in enumerate(line)))
+    knobs = [r for r in report["examples"] if "knob_speedup" in r]
+    if knobs:
+        print(f"\nthe examples' CPU knobs {report['knobs']} against the libraries' defaults, 2 ranks:")
+        for r in knobs:
+            lo, hi = r["knob_speedup_range"]
+            print(f"  {r['example']:>19}: {r['samples_per_s_2']:.0f} vs {r['samples_per_s_2_library_defaults']:.0f} "
+                  f"samples/s, x{r['knob_speedup']:.2f} ({lo:.2f}-{hi:.2f})")
     b = report["breakdown"]
     print(f"\n2-rank step on rank 0, phases run one after another (no overlap): {b['step_ms']:.1f} ms = " +
           ", ".join(f"{k} {v:.1f} ms ({100 * b['fraction'][k]:.0f}%)" for k, v in b["ms_per_step"].items()))

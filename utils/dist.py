@@ -139,6 +139,21 @@ def master_address(env):
     return addr, _int("MASTER_PORT", 29500)
 
 
+# Horovod's background thread wakes every HOROVOD_CYCLE_TIME ms (Horovod's default: 1) to agree with the
+# other ranks on which tensors are ready: a small collective each time, 1,000 a second per rank. On GPU nodes
+# it has a core to itself; on CPU ranks it takes that time from the compute thread of a core it shares.
+# `make bench` measures this choice against Horovod's default in every run (README, Performance).
+HOROVOD_CPU_KNOBS = {"HOROVOD_CYCLE_TIME": "5"}
+
+
+def horovod_knobs(on_cpu):
+    """Before hvd.init(): the course's Horovod settings for CPU ranks, unless the environment sets them."""
+    if on_cpu:
+        for name, value in HOROVOD_CPU_KNOBS.items():
+            os.environ.setdefault(name, value)
+    return {name: os.environ.get(name, "Horovod's default") for name in HOROVOD_CPU_KNOBS}
+
+
 def configure_device(env, args):
     """Pin this rank to its device (GPU = local rank) and its share of the CPU threads."""
     import torch
@@ -195,6 +210,26 @@ def init_torch(args):
         fail(f"could not start torch.distributed ({env.backend}) with master "
              f"{env.master_addr}:{env.master_port}: {str(exc).splitlines()[0]}")
     return env
+
+
+def all_sum(values, env):
+    """Sum a few numbers over all ranks with torch.distributed (metrics), so every rank reports the global value."""
+    import torch
+    import torch.distributed as dist
+    t = torch.tensor(values, dtype=torch.float64, device=env.device)
+    if env.distributed:
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t.tolist()
+
+
+def all_max(value, env):
+    """The largest of one number over all ranks (e.g. the slowest rank's epoch time)."""
+    import torch
+    import torch.distributed as dist
+    t = torch.tensor([value], dtype=torch.float64, device=env.device)
+    if env.distributed:
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
 
 
 def restart_store(env, timeout):

@@ -91,6 +91,8 @@ def main():
     wall_start = time.perf_counter()
 
     # --- set up distributed ----------------------------------------------------------------------
+    # Horovod reads its knobs at init: on CPU a longer cycle time (utils/dist.py; README, Performance)
+    knobs = dist.horovod_knobs(on_cpu=args.device == "cpu" or not torch.cuda.is_available())
     hvd.init()  # [hvd 1] start Horovod: rank, size and local rank come from horovodrun or MPI
     env = dist.DistEnv(hvd.rank(), hvd.local_rank(), hvd.size(), hvd.local_size(), dist.discover().launcher,
                        backend="horovod-" + ("mpi" if hvd.mpi_enabled() else "gloo"))
@@ -101,7 +103,8 @@ def main():
     log_dir = args.log_dir or hvd.broadcast_object(log.default_log_dir("horovod-pytorch"), root_rank=0)
     run = log.RunLog(log_dir, env.is_main)
     log.info(f"{FRAMEWORK}: {env.world_size} rank(s) via {env.launcher}, device {env.device}, "
-             f"{env.backend} controller, {env.num_threads} thread(s) per rank")
+             f"{env.backend} controller, {env.num_threads} thread(s) per rank, "
+             f"HOROVOD_CYCLE_TIME {knobs['HOROVOD_CYCLE_TIME']}")
 
     # --- data: every rank loads the set, then trains on its own shard -----------------------------
     mnist = data.load_mnist(args.data_dir, args.download, env.is_main, barrier=hvd.barrier)
@@ -131,7 +134,8 @@ def main():
     # [hvd 4b] start every rank from rank 0's weights and optimizer state (random init or checkpoint)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
-    run.write_config(args, env.as_dict(), FRAMEWORK, {"log_dir": log_dir, "scaled_lr": lr})
+    run.write_config(args, env.as_dict(), FRAMEWORK, {"log_dir": log_dir, "scaled_lr": lr,
+                                                 "horovod_knobs": knobs})
 
     # --- train / evaluate ------------------------------------------------------------------------
     for epoch in range(first_epoch, args.epochs + 1):

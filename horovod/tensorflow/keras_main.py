@@ -68,6 +68,7 @@ def main():
 
     # --- set up distributed ----------------------------------------------------------------------
     launcher = dist.discover()
+    knobs = dist.horovod_knobs(on_cpu=args.device == "cpu" or not tf.config.list_physical_devices("GPU"))
     hvd.init()  # [hvd 1] start Horovod
     env = dist.DistEnv(hvd.rank(), hvd.local_rank(), hvd.size(), hvd.local_size(), launcher.launcher,
                        backend="horovod-" + ("mpi" if hvd.mpi_enabled() else "gloo"))
@@ -77,7 +78,8 @@ def main():
     log_dir = args.log_dir or hvd_tf.broadcast_object(log.default_log_dir("horovod-keras"), root_rank=0)
     run = log.RunLog(log_dir, env.is_main)
     log.info(f"{FRAMEWORK}: {env.world_size} rank(s) via {env.launcher}, device {env.device}, "
-             f"{env.backend} controller, {env.num_threads} thread(s) per rank")
+             f"{env.backend} controller, {env.num_threads} thread(s) per rank, "
+             f"HOROVOD_CYCLE_TIME {knobs['HOROVOD_CYCLE_TIME']}")
 
     # --- data ------------------------------------------------------------------------------------
     mnist = data.load_mnist(args.data_dir, args.download, env.is_main,
@@ -107,7 +109,8 @@ def main():
             momentum_correction=False, verbose=0))  # tf-keras keeps momentum as a float: nothing to correct
     callbacks.append(EpochLog(run, env, x_test, y_test, data.test_shard(len(y_test), env.rank, env.world_size),
                               args.test_batch_size, args.batch_size))
-    run.write_config(args, env.as_dict(), FRAMEWORK, {"log_dir": log_dir, "scaled_lr": lr})
+    run.write_config(args, env.as_dict(), FRAMEWORK, {"log_dir": log_dir, "scaled_lr": lr,
+                                                 "horovod_knobs": knobs})
 
     # --- train / evaluate ------------------------------------------------------------------------
     model.fit(dataset, steps_per_epoch=len(steps), epochs=args.epochs, callbacks=callbacks,

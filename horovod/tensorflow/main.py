@@ -104,6 +104,8 @@ def main():
 
     # --- set up distributed ----------------------------------------------------------------------
     launcher = dist.discover()
+    # Horovod reads its knobs at init: on CPU a longer cycle time (utils/dist.py; README, Performance)
+    knobs = dist.horovod_knobs(on_cpu=args.device == "cpu" or not tf.config.list_physical_devices("GPU"))
     hvd.init()  # [hvd 1] start Horovod: rank, size and local rank come from horovodrun or MPI
     env = dist.DistEnv(hvd.rank(), hvd.local_rank(), hvd.size(), hvd.local_size(), launcher.launcher,
                        backend="horovod-" + ("mpi" if hvd.mpi_enabled() else "gloo"))
@@ -115,7 +117,8 @@ def main():
     log_dir = args.log_dir or hvd.broadcast_object(log.default_log_dir("horovod-tensorflow"), root_rank=0)
     run = log.RunLog(log_dir, env.is_main)
     log.info(f"{FRAMEWORK}: {env.world_size} rank(s) via {env.launcher}, device {env.device}, "
-             f"{env.backend} controller, {env.num_threads} thread(s) per rank")
+             f"{env.backend} controller, {env.num_threads} thread(s) per rank, "
+             f"HOROVOD_CYCLE_TIME {knobs['HOROVOD_CYCLE_TIME']}")
 
     # --- data: every rank loads the set, then trains on its own shard -----------------------------
     mnist = data.load_mnist(args.data_dir, args.download, env.is_main,
@@ -145,7 +148,8 @@ def main():
     hvd.broadcast_variables(tf_variables(model.variables), root_rank=0)
     hvd.broadcast_variables(tf_variables(optimizer.variables), root_rank=0)
     train_step = make_train_step(model, optimizer, args)
-    run.write_config(args, env.as_dict(), FRAMEWORK, {"log_dir": log_dir, "scaled_lr": lr})
+    run.write_config(args, env.as_dict(), FRAMEWORK, {"log_dir": log_dir, "scaled_lr": lr,
+                                                 "horovod_knobs": knobs})
 
     # --- train / evaluate ------------------------------------------------------------------------
     for epoch in range(first_epoch, args.epochs + 1):
