@@ -14,8 +14,12 @@ def test_efficiency_arithmetic():
     assert bench.efficiency(500.0, 900.0) == pytest.approx(0.9)
     assert bench.efficiency(500.0, 1000.0) == pytest.approx(1.0)  # perfect weak scaling
     assert bench.ceiling_efficiency(500.0, [450.0, 450.0]) == pytest.approx(0.9)
-    assert bench.overhead(97.0, 100.0) == pytest.approx(3 / 97)  # example 3% slower than the bare loop
-    assert bench.overhead(100.0, 100.0) == 0
+    ticks = iter([0.0, 1.03, 2.03, 2.03, 3.0, 4.0])  # example 1.03 s, bare 1.00 s; then 0.97 s, 1.00 s
+    calls = []
+    ratios = bench.alternate(lambda: calls.append("example"), lambda: calls.append("bare"), 2,
+                             clock=lambda: next(ticks))
+    assert calls == ["example", "bare"] * 3  # one warm-up pair, then 2 timed pairs, alternating
+    assert ratios == pytest.approx([0.03, -0.03])
 
 
 def test_rounds_combine_into_medians_and_ranges():
@@ -51,7 +55,12 @@ def test_quick_mode_emits_every_field(tmp_path):
     for r in report["examples"]:
         for key in ("efficiency", "ceiling_efficiency", "overhead", "samples_per_s_1", "samples_per_s_2"):
             assert isinstance(r[key], float) and r[key] == r[key], (r["example"], key)  # a number, not nan
+        for key in ("efficiency", "ceiling_efficiency", "samples_per_s_1", "samples_per_s_2"):
             assert r[key + "_range"] == [r[key], r[key]]  # one round: the range is the value
+        # the overhead: the example's own train_epoch against a bare loop, 2 alternations in one process
+        assert len(r["overhead_pairs"]) == 2 and r["overhead_range"] == [min(r["overhead_pairs"]),
+                                                                          max(r["overhead_pairs"])]
+        assert -0.5 < r["overhead"] < 0.5, r  # a ratio of two timings of the same work, not garbage
         assert r["samples_per_s_1"] > 0 and r["samples_per_s_2"] > 0
         assert r["efficiency"] == pytest.approx(r["samples_per_s_2"] / (2 * r["samples_per_s_1"]))
         kind = bench.EXAMPLES[r["example"]][2]

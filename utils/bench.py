@@ -4,17 +4,18 @@
 For each example: training throughput at 1 and 2 ranks (same model, same batch per rank), the weak-scaling
 efficiency = throughput(2) / (2 x throughput(1)), the *ceiling* (two independent 1-rank runs of the same
 framework at once, no communication: what 2 ranks can reach on this box) and each example's efficiency
-relative to it, and the example's overhead against a bare loop over the same preloaded tensors. Then a
-per-step time breakdown on rank 0 of a 2-rank run (data, forward+backward, gradient all-reduce, optimizer),
-measured phase by phase.
+relative to it. Then a per-step time breakdown on rank 0 of a 2-rank run (data, forward+backward, gradient
+all-reduce, optimizer), measured phase by phase. Last, each example's *overhead*: its own train_epoch (imported
+from its main.py, at one rank, with its framework's optimizer wrapper or engine) against a bare loop over the
+same preloaded tensors, epochs alternating in one process (`--pairs` of them, after a warm-up pair).
 
 Epoch 1 of every run is warm-up (graph tracing, allocator, connections) and excluded; a run's throughput is
 the median over its remaining epochs. The whole set is repeated `--repeat` times, interleaved (round 1 runs
 everything once, then round 2 ...), because this machine's speed drifts by +-10% over minutes: every ratio
 is computed within a round, from runs minutes apart, and the report gives the median over rounds and the
 range. Results: a table on stdout and runs/bench/latest.json.
-    python utils/bench.py            # full: 3 rounds of 4 epochs x 40 steps per run (about 20 minutes)
-    python utils/bench.py --quick    # short: 1 round of 3 epochs x 8 steps (the test suite runs this)
+    python utils/bench.py            # full: 3 rounds of 4 epochs x 40 steps per run (about 15 minutes)
+    python utils/bench.py --quick    # short: 1 round of 3 epochs x 8 steps, 2 overhead pairs (in the tests)
 """
 import argparse
 import json
@@ -31,7 +32,7 @@ BIN = Path(sys.executable).parent
 PY = sys.executable
 sys.path.append(str(ROOT))
 
-EXAMPLES = {  # name: (script, 2-rank launcher prefix, bare-loop kind)
+EXAMPLES = {  # name: (script, 2-rank launcher prefix, framework kind: which independent pair is its ceiling)
     "ddp": ("DDP/main.py", lambda port: [BIN / "torchrun", "--nproc_per_node", "2", "--master_addr",
                                          "127.0.0.1", "--master_port", str(port)], "torch"),
     "horovod-pytorch": ("horovod/pytorch/main.py", lambda port: [BIN / "horovodrun", "-np", "2", "--gloo",
@@ -52,11 +53,6 @@ def efficiency(samples_per_s_1, samples_per_s_2):
 def ceiling_efficiency(samples_per_s_1, independent_pair):
     """What 2 ranks could reach here: two independent runs at once, summed, over twice one alone."""
     return sum(independent_pair) / (2 * samples_per_s_1)
-
-
-def overhead(example_samples_per_s, bare_samples_per_s):
-    """Fraction of time the example spends beyond a bare loop: 0.03 = the example is 3% slower."""
-    return bare_samples_per_s / example_samples_per_s - 1
 
 
 def steady_throughput(history):
@@ -99,10 +95,10 @@ def history(log_dir):
 
 
 def measure_example(name, args, work, port):
-    script, two_rank_prefix, bare_kind = EXAMPLES[name]
+    script, _, kind = EXAMPLES[name]
     one = work / f"{name}-1"
     wait(*launch([PY, ROOT / script, *example_flags(args, one)], args.timeout), f"{name} 1 rank")
-    return steady_throughput(history(one)), measure_two_ranks(name, args, work, port), bare_kind
+    return steady_throughput(history(one)), measure_two_ranks(name, args, work, port), kind
 
 
 def measure_two_ranks(name, args, work, port, extra_env=None, tag=""):
@@ -130,12 +126,6 @@ def measure_ceiling(kind, args, work):
     return rates
 
 
-def measure_bare(kind, args):
-    out = wait(*launch([PY, __file__, "--bare", kind, "--steps", str(args.steps * (args.epochs - 1)),
-                        "--batch-size", str(args.batch_size)], args.timeout), f"bare {kind} loop")
-    return json.loads(out.strip().splitlines()[-1])["samples_per_s"]
-
-
 def measure_breakdown(args, port):
     out = wait(*launch([BIN / "torchrun", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
                         "--master_port", str(port), __file__, "--breakdown", "--steps", str(args.steps * 2),
@@ -143,56 +133,7 @@ def measure_breakdown(args, port):
     return json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
 
 
-# --- bare loops and the breakdown, run in their own processes ---------------------------------------------
-def bare_torch(steps, batch_size):
-    import torch
-    import torch.nn.functional as F
-    from utils.data import load_mnist
-    from utils.torch_utils import Net, to_tensors
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    x, y, _, _ = to_tensors(load_mnist(), "cpu")
-    model = Net()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.5)
-    idx = torch.randint(0, len(y), (steps + 5, batch_size))
-    for i in range(steps + 5):
-        if i == 5:  # warm-up steps excluded
-            start = time.perf_counter()
-        optimizer.zero_grad()
-        F.nll_loss(model(x[idx[i]]), y[idx[i]]).backward()
-        optimizer.step()
-    return steps * batch_size / (time.perf_counter() - start)
-
-
-def bare_tf(steps, batch_size):
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    import keras
-    import numpy as np
-    import tensorflow as tf
-    from utils.data import load_mnist
-    from utils.tf_utils import build_model, images
-    tf.config.threading.set_intra_op_parallelism_threads(1)
-    tf.config.threading.set_inter_op_parallelism_threads(1)
-    mnist = load_mnist()
-    x, y = images(mnist.x_train), mnist.y_train
-    model = build_model(keras, 0.25)
-    optimizer = keras.optimizers.SGD(0.01, momentum=0.5)
-    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-    @tf.function
-    def step(xb, yb):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(yb, model(xb, training=True))
-        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
-
-    idx = np.random.default_rng(0).integers(0, len(y), (steps + 5, batch_size))
-    for i in range(steps + 5):
-        if i == 5:
-            start = time.perf_counter()
-        step(tf.constant(x[idx[i]]), tf.constant(y[idx[i]]))
-    return steps * batch_size / (time.perf_counter() - start)
-
-
+# --- the breakdown, run in its own processes ----------------------------------------------------------------
 def breakdown(steps, batch_size):
     """Rank 0's step, phase by phase (no overlap): index the batch, forward+backward, all-reduce, step."""
     import torch
@@ -237,24 +178,148 @@ def breakdown(steps, batch_size):
     tdist.destroy_process_group()
 
 
+# --- the examples' own overhead, measured inside one process ---------------------------------------------
+def load_example(script):
+    """Import an example's main.py as a module (its main() does not run): its train_epoch is the one measured."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("example_" + script.replace("/", "_")[:-3], ROOT / script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def alternate(example_epoch, bare_epoch, pairs, clock=time.perf_counter):
+    """Time the example's epoch and the bare one, alternately, `pairs` times after one warm-up pair: slow
+    drifts of the machine's speed hit both alike. Returns the per-pair ratios example/bare time - 1.
+    `example_epoch` may return its own duration (to leave set-up out of it); otherwise it is timed whole."""
+    example_epoch(), bare_epoch()
+    ratios = []
+    for _ in range(pairs):
+        t0 = clock()
+        own = example_epoch()
+        t1 = clock()
+        bare_epoch()
+        t2 = clock()
+        ratios.append((own if own is not None else t1 - t0) / (t2 - t1) - 1)
+    return ratios
+
+
+def overhead_torch(name, steps, batch_size, pairs):
+    import copy
+
+    import torch
+    import torch.nn.functional as F
+    from utils import data
+    from utils.dist import DistEnv
+    from utils.torch_utils import Net, index_batches, to_tensors
+    module = load_example(EXAMPLES[name][0])
+    flags = ["--batch-size", str(batch_size), "--num-threads", "1", "--log-interval", str(10 ** 9)]
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    x, y, _, _ = to_tensors(data.load_mnist(), "cpu")
+    model = Net()
+    bare_model = copy.deepcopy(model)  # its own copy: hooks the example installs must not see the bare steps
+    if name == "ddp":  # one process: DDP/main.py trains the plain model (no DDP wrapper at one rank)
+        args = module.parse(module.clip_flag(module.get_parser("")), flags)
+        env = DistEnv()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.5)
+        bare_optimizer = torch.optim.SGD(bare_model.parameters(), lr=0.01, momentum=0.5)
+    elif name == "horovod-pytorch":  # Horovod at one rank: the wrapped optimizer and its background thread
+        args = module.parse(module.clip_flag(module.horovod_flags(module.get_parser(""))), flags)
+        from utils.dist import horovod_knobs
+        horovod_knobs(on_cpu=True)
+        module.hvd.init()
+        env = DistEnv()
+        optimizer = module.hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.5),
+                                                    named_parameters=model.named_parameters())
+        bare_optimizer = torch.optim.SGD(bare_model.parameters(), lr=0.01, momentum=0.5)
+    else:  # deepspeed: the engine of deepspeed/ds_config.json (ZeRO stage 2, Adam) at one rank
+        args = module.parse(module.add_deepspeed_args(module.get_parser("")), flags)
+        env = module.init_distributed(args)
+        config = module.ds_config.load(args, 1, module.DEFAULT_CONFIG)
+        config["optimizer"]["params"]["lr"] = 1e-3
+        model, optimizer, _, _ = module.deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                                              config=config)
+        adam = {k: v for k, v in config["optimizer"]["params"].items() if k in ("betas", "eps", "weight_decay")}
+        bare_optimizer = torch.optim.Adam(bare_model.parameters(), lr=1e-3, **adam)
+    batches = index_batches(data.epoch_batches(len(y), batch_size, 0, 1, 0, 1, steps), "cpu")
+
+    def example_epoch():
+        module.train_epoch(model, optimizer, x, y, batches, 1, lambda step: optimizer.param_groups[0]["lr"], env, args)
+
+    def bare_epoch():
+        bare_model.train()
+        for (idx,) in batches:
+            bare_optimizer.zero_grad()
+            F.nll_loss(bare_model(x[idx]), y[idx]).backward()
+            bare_optimizer.step()
+
+    return alternate(example_epoch, bare_epoch, pairs)
+
+
+def overhead_tf(steps, batch_size, pairs):
+    module = load_example(EXAMPLES["horovod-tensorflow"][0])
+    tf, keras, hvd = module.tf, module.keras, module.hvd
+    from utils import data
+    from utils.dist import DistEnv, horovod_knobs
+    from utils.tf_utils import build_model, configure_tf, images, shard_dataset
+    args = module.parse(module.horovod_flags(module.get_parser("")),
+                        ["--batch-size", str(batch_size), "--num-threads", "1", "--log-interval", str(10 ** 9)])
+    horovod_knobs(on_cpu=True)
+    hvd.init()
+    configure_tf("cpu", 0, 1)
+    mnist = data.load_mnist()
+    x, y = images(mnist.x_train), mnist.y_train
+    keras.utils.set_random_seed(0)
+    models = [build_model(keras, args.dropout) for _ in range(2)]
+    optimizers = [keras.optimizers.SGD(0.01, momentum=0.5) for _ in range(2)]
+    train_step = module.make_train_step(models[0], optimizers[0], args)
+    steps = data.epoch_batches(len(y), batch_size, 0, 1, 0, 1, steps)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    bare_model, bare_optimizer = models[1], optimizers[1]
+
+    @tf.function
+    def bare_step(xb, yb):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(yb, bare_model(xb, training=True))
+        bare_optimizer.apply_gradients(zip(tape.gradient(loss, bare_model.trainable_variables),
+                                           bare_model.trainable_variables))
+
+    def example_epoch():  # as horovod/tensorflow/main.py: the epoch's tf.data pipeline is built before the clock
+        dataset = shard_dataset(x, y, steps, batch_size)
+        t0 = time.perf_counter()
+        module.train_epoch(train_step, optimizers[0], dataset, len(steps), 1, lambda step: 0.01, DistEnv(), args)
+        return time.perf_counter() - t0
+
+    def bare_epoch():
+        for (idx,) in steps:
+            bare_step(tf.constant(x[idx]), tf.constant(y[idx]))
+
+    return alternate(example_epoch, bare_epoch, pairs)
+
+
+def measure_overhead(name, args):
+    out = wait(*launch([PY, __file__, "--overhead", name, "--steps", str(args.steps), "--batch-size",
+                        str(args.batch_size), "--pairs", str(args.pairs)], args.timeout), f"{name} overhead")
+    return json.loads([line for line in out.splitlines() if line.startswith("{")][-1])["ratios"]
+
+
 # --- report ----------------------------------------------------------------------------------------------
 def measure_round(names, args, work, round_no):
-    """Everything once: per framework kind its independent pair and bare loop, then each example at 1 and
+    """Everything once: per framework kind its independent pair, then each example at 1 and
     2 ranks. Ratios are taken inside the round."""
     kinds = sorted({EXAMPLES[n][2] for n in names})
-    pairs, bare = {}, {}
+    pairs = {}
     for kind in kinds:
-        print(f"  round {round_no}: {kind} ceiling (two independent 1-rank runs at once), bare loop ...", flush=True)
+        print(f"  round {round_no}: {kind} ceiling (two independent 1-rank runs at once) ...", flush=True)
         pairs[kind] = measure_ceiling(kind, args, work)
-        bare[kind] = measure_bare(kind, args)
     rows = []
     for i, name in enumerate(names):
         print(f"  round {round_no}: {name} at 1 rank, 2 ranks ...", flush=True)
         one, two, kind = measure_example(name, args, work, 29600 + i)
         eff, ceiling = efficiency(one, two), ceiling_efficiency(one, pairs[kind])
         row = dict(example=name, samples_per_s_1=one, samples_per_s_2=two, efficiency=eff,
-                   ceiling_efficiency=ceiling, relative_to_ceiling=eff / ceiling,
-                   bare_samples_per_s=bare[kind], overhead=overhead(one, bare[kind]))
+                   ceiling_efficiency=ceiling, relative_to_ceiling=eff / ceiling)
         if name in LIBRARY_DEFAULTS and not args.no_knobs:  # the course's knob against the library's default
             print(f"  round {round_no}: {name} at 2 ranks with the library's defaults {LIBRARY_DEFAULTS[name]} ...",
                   flush=True)
@@ -304,20 +369,22 @@ def main():
     parser.add_argument("--only", nargs="*", choices=list(EXAMPLES), help="measure only these examples")
     parser.add_argument("--out", default=str(ROOT / "runs" / "bench" / "latest.json"))
     parser.add_argument("--timeout", type=int, default=600)
-    parser.add_argument("--bare", choices=["torch", "tf"], help=argparse.SUPPRESS)
+    parser.add_argument("--pairs", type=int, default=6, help="example/bare epochs alternated for the overhead")
+    parser.add_argument("--overhead", choices=list(EXAMPLES), help=argparse.SUPPRESS)
     parser.add_argument("--breakdown", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.bare:
-        rate = (bare_torch if args.bare == "torch" else bare_tf)(args.steps, args.batch_size)
-        print(json.dumps({"samples_per_s": rate}))
-        return
+    if args.overhead:
+        ratios = (overhead_tf(args.steps, args.batch_size, args.pairs) if args.overhead == "horovod-tensorflow"
+                  else overhead_torch(args.overhead, args.steps, args.batch_size, args.pairs))
+        print(json.dumps({"ratios": ratios}), flush=True)
+        os._exit(0)  # Horovod's and DeepSpeed's process-exit hooks have nothing to add here
     if args.breakdown:
         breakdown(args.steps, args.batch_size)
         return
     if args.quick:
-        args.repeat, args.epochs, args.steps = 1, 3, 8
-    if args.repeat < 1 or args.epochs < 2 or args.steps < 1:
-        parser.error("--repeat and --steps must be at least 1, --epochs at least 2 (the first is warm-up)")
+        args.repeat, args.epochs, args.steps, args.pairs = 1, 3, 8, 2
+    if args.repeat < 1 or args.epochs < 2 or args.steps < 1 or args.pairs < 1:
+        parser.error("--repeat, --steps and --pairs must be at least 1, --epochs at least 2 (the first is warm-up)")
 
     names = args.only or list(EXAMPLES)
     started = time.strftime("%Y-%m-%d %H:%M")
@@ -327,10 +394,16 @@ def main():
         rounds = [measure_round(names, args, Path(tmp), r + 1) for r in range(args.repeat)]
         print("  breakdown of a 2-rank step ...", flush=True)
         parts = measure_breakdown(args, 29650)
+    examples = combine(rounds)
+    for row in examples:
+        print(f"  {row['example']}: its training loop against a bare loop, alternating in one process ...", flush=True)
+        ratios = measure_overhead(row["example"], args)
+        row.update(overhead=statistics.median(ratios), overhead_range=[min(ratios), max(ratios)],
+                   overhead_pairs=ratios)
 
     report = dict(date=started, cpu_count=os.cpu_count(), repeat=args.repeat, epochs=args.epochs,
                   steps=args.steps, batch_size=args.batch_size, knobs=knob_settings(), breakdown=parts,
-                  examples=combine(rounds), rounds=rounds)
+                  examples=examples, rounds=rounds)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2))
     print_table(report)
