@@ -146,6 +146,12 @@ def test_sigkill_of_one_rank_ends_the_whole_job(tmp_path, script, launcher):
     assert rc != 0
     assert not (log_dir / "summary.json").exists()  # no rank finished as if nothing happened
     assert_log_dir_sound(log_dir)
+    # Rank 0 either says so in one line (utils/log.run_main) or is stopped by the launcher first: never a
+    # traceback through the example (the launchers' own reports are theirs).
+    output = out_path.read_text()
+    assert not re.search(r'File "[^"]*(DDP|horovod|deepspeed)/[^"]*main\.py"', output), output[-4000:]
+    for line in error_lines(output):
+        assert "error: lost contact with another rank" in line, line
 
 
 # === interrupted and resumed ==============================================================================
@@ -333,6 +339,47 @@ def test_bad_data_dir_is_one_line_and_non_zero(tmp_path, script, make):
     assert len(errors) == 1 and words in errors[0] and str(folder) in errors[0], result.stderr[-3000:]
     assert "Traceback" not in result.stderr
     assert_log_dir_sound(tmp_path / "log")
+
+
+@pytest.mark.parametrize("script,launcher", [pytest.param(DDP, torchrun, id="ddp-torchrun"),
+                                             pytest.param(DS, torchrun, id="deepspeed-torchrun")])
+def test_a_hung_rank_ends_the_job_after_the_collective_timeout(tmp_path, script, launcher):
+    """SIGSTOP rank 1 (alive, silent: a hung node): with --dist-timeout 10 rank 0's collective gives up after
+    10 s, rank 0 exits with one line, and the launcher tears the job down (SIGKILL reaches a stopped process)."""
+    log_dir = tmp_path / "log"
+    cmd = [str(c) for c in launcher(2, script, "--epochs", "50", "--log-interval", "5", "--dist-timeout", "10",
+                                    "--log-dir", log_dir)]
+    env = dict(os.environ, PYTHONUNBUFFERED="1", PATH=f"{BIN}:{os.environ.get('PATH', '')}")
+    out_path = tmp_path / "output.txt"
+    with open(out_path, "w") as out:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not re.search(r"epoch 1 step 10/", out_path.read_text()):
+            assert proc.poll() is None, f"exited early ({proc.returncode}):\n{out_path.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, f"training never started:\n{out_path.read_text()[-3000:]}"
+            time.sleep(0.2)
+        ranks = ranks_of(proc.pid, script)
+        assert sorted(ranks) == [0, 1], ranks
+        ranks[1].send_signal(signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        gone, alive = psutil.wait_procs([ranks[0]], timeout=KILL_DEADLINE_S)
+        survivor_s = time.monotonic() - stopped_at
+        assert not alive, f"rank 0 still running {KILL_DEADLINE_S} s after rank 1 stopped"
+        rc = proc.wait(timeout=max(1, KILL_DEADLINE_S - survivor_s))
+        launcher_s = time.monotonic() - stopped_at
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    print(f"\n[{script} / hung rank 1] rank 0 gone after {survivor_s:.1f} s; launcher exit {rc} after {launcher_s:.1f} s")
+    assert rc != 0
+    assert survivor_s >= 9, "rank 0 gave up before the 10 s timeout: it did not wait on the collective"
+    output = out_path.read_text()
+    assert any("error: lost contact with another rank" in line for line in error_lines(output)), output[-4000:]
+    assert not re.search(r'File "[^"]*(DDP|deepspeed)/main\.py"', output), output[-4000:]
+    assert_log_dir_sound(log_dir)
 
 
 # --- checkpoints that must not load: corrupted, truncated, or of another model ------------------------------

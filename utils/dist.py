@@ -186,11 +186,22 @@ def prepare(args):
     if backend == "nccl" and not env.device.startswith("cuda"):
         fail("--backend nccl needs GPUs; use --backend gloo on CPUs")
     env.backend = backend
+    group_timeout(datetime.timedelta(seconds=args.dist_timeout))
     env.master_addr, env.master_port = master_address(env)
     os.environ.update(MASTER_ADDR=env.master_addr, MASTER_PORT=str(env.master_port),
                       RANK=str(env.rank), WORLD_SIZE=str(env.world_size), LOCAL_RANK=str(env.local_rank),
                       LOCAL_WORLD_SIZE=str(env.local_world_size))
     return env
+
+
+def group_timeout(timeout):
+    """Make `timeout` the default of every process group, also those a library creates itself with
+    dist.new_group() and no timeout (DeepSpeed's data-parallel group): torch's default there is 30 minutes,
+    so a hung peer would hold the job that long. (torch reads these module defaults when a group is made.)"""
+    import torch.distributed.distributed_c10d as c10d
+    c10d.default_pg_timeout = timeout
+    if hasattr(c10d, "default_pg_nccl_timeout"):
+        c10d.default_pg_nccl_timeout = timeout
 
 
 def init_torch(args):

@@ -31,12 +31,31 @@ class UserError(Exception):
     """A problem with the user's input or files (not a bug): reported as one line, exit code 2."""
 
 
+# What the frameworks raise on a rank whose peer died or stopped answering: torch.distributed's Dist*Error
+# classes, Horovod's HorovodInternalError, and plain RuntimeErrors (or TensorFlow errors) from gloo/Horovod.
+PEER_ERROR_TYPES = ("DistError", "DistBackendError", "DistNetworkError", "DistStoreError", "HorovodInternalError")
+PEER_ERROR_TEXTS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Timed out waiting",
+                    "timed out", "Horovod has been shut down", "gloo")
+
+
+def is_peer_failure(exc):
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    return bool(names & set(PEER_ERROR_TYPES)) or any(text in str(exc) for text in PEER_ERROR_TEXTS)
+
+
 def run_main(main):
-    """Call main(); turn a UserError into one line on stderr and exit 2, on whichever rank meets it."""
+    """Call main(); turn a UserError into one line on stderr and exit 2, and a lost peer (a rank that died or
+    hung past the collective timeout) into one line and exit 1, on whichever rank meets it."""
     try:
         main()
     except UserError as exc:
         fail(str(exc))
+    except Exception as exc:
+        if not is_peer_failure(exc):
+            raise  # a bug: keep the traceback
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
+        detail = next((line for line in lines if any(text in line for text in PEER_ERROR_TEXTS)), lines[0])[:240]
+        fail(f"lost contact with another rank (it died, or hung past the collective timeout): {detail}", code=1)
 
 
 def fail(message, code=2):
