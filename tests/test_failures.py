@@ -107,12 +107,12 @@ def ranks_of(launcher_pid, script):
     return found
 
 
-@pytest.mark.parametrize("script,launcher", KILL_LAUNCHES)
-def test_sigkill_of_one_rank_ends_the_whole_job(tmp_path, script, launcher):
-    """SIGKILL rank 1 mid-epoch: rank 0 must be gone and the launcher must return non-zero within 60 s."""
-    log_dir = tmp_path / "log"
-    # 62 steps per epoch and 50 epochs: the job is nowhere near its end when the kill comes.
-    cmd = [str(c) for c in launcher(2, script, "--epochs", "50", "--log-interval", "5", "--log-dir", log_dir)]
+def signal_rank_1(tmp_path, script, launcher, sig, *extra):
+    """Start a long 2-rank job, send `sig` to rank 1 mid-epoch, and wait (at most KILL_DEADLINE_S) for rank 0
+    and then the launcher to end. Returns the launcher's exit code, both delays, and the job's output."""
+    # 62 steps per epoch and 50 epochs: the job is nowhere near its end when the signal comes.
+    cmd = [str(c) for c in launcher(2, script, "--epochs", "50", "--log-interval", "5", *extra,
+                                    "--log-dir", tmp_path / "log")]
     env = dict(os.environ, PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2",
                PATH=f"{BIN}:{os.environ.get('PATH', '')}")
     out_path = tmp_path / "output.txt"
@@ -129,29 +129,38 @@ def test_sigkill_of_one_rank_ends_the_whole_job(tmp_path, script, launcher):
         time.sleep(1.0)
         ranks = ranks_of(proc.pid, script)
         assert sorted(ranks) == [0, 1], ranks
-        victim, survivor = ranks[1], ranks[0]
-        victim.send_signal(signal.SIGKILL)
-        killed_at = time.monotonic()
-        gone, alive = psutil.wait_procs([survivor], timeout=KILL_DEADLINE_S)
-        survivor_s = time.monotonic() - killed_at
-        assert not alive, f"rank 0 still running {KILL_DEADLINE_S} s after rank 1 was killed"
+        ranks[1].send_signal(sig)
+        sent_at = time.monotonic()
+        gone, alive = psutil.wait_procs([ranks[0]], timeout=KILL_DEADLINE_S)
+        survivor_s = time.monotonic() - sent_at
+        assert not alive, f"rank 0 still running {KILL_DEADLINE_S} s after rank 1 got {sig!r}"
         rc = proc.wait(timeout=max(1, KILL_DEADLINE_S - survivor_s))
-        launcher_s = time.monotonic() - killed_at
+        launcher_s = time.monotonic() - sent_at
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    print(f"\n[{script} / {launcher.__name__}] rank 0 gone {survivor_s:.2f} s after SIGKILL of rank 1; "
-          f"launcher exit {rc} after {launcher_s:.2f} s")
-    assert rc != 0
-    assert not (log_dir / "summary.json").exists()  # no rank finished as if nothing happened
-    assert_log_dir_sound(log_dir)
-    # Rank 0 either says so in one line (utils/log.run_main) or is stopped by the launcher first: never a
-    # traceback through the example (the launchers' own reports are theirs).
-    output = out_path.read_text()
+    return rc, survivor_s, launcher_s, out_path.read_text()
+
+
+def assert_no_traceback_through_the_example(output):
+    """Rank 0 either says so in one line (utils/log.run_main) or is stopped by the launcher first: never a
+    traceback through the example (the launchers' own reports are theirs)."""
     assert not re.search(r'File "[^"]*(DDP|horovod|deepspeed)/[^"]*main\.py"', output), output[-4000:]
     for line in error_lines(output):
         assert "error: lost contact with another rank" in line, line
+
+
+@pytest.mark.parametrize("script,launcher", KILL_LAUNCHES)
+def test_sigkill_of_one_rank_ends_the_whole_job(tmp_path, script, launcher):
+    """SIGKILL rank 1 mid-epoch: rank 0 must be gone and the launcher must return non-zero within 60 s."""
+    rc, survivor_s, launcher_s, output = signal_rank_1(tmp_path, script, launcher, signal.SIGKILL)
+    print(f"\n[{script} / {launcher.__name__}] rank 0 gone {survivor_s:.2f} s after SIGKILL of rank 1; "
+          f"launcher exit {rc} after {launcher_s:.2f} s")
+    assert rc != 0
+    assert not (tmp_path / "log" / "summary.json").exists()  # no rank finished as if nothing happened
+    assert_log_dir_sound(tmp_path / "log")
+    assert_no_traceback_through_the_example(output)
 
 
 # === interrupted and resumed ==============================================================================
@@ -346,40 +355,14 @@ def test_bad_data_dir_is_one_line_and_non_zero(tmp_path, script, make):
 def test_a_hung_rank_ends_the_job_after_the_collective_timeout(tmp_path, script, launcher):
     """SIGSTOP rank 1 (alive, silent: a hung node): with --dist-timeout 10 rank 0's collective gives up after
     10 s, rank 0 exits with one line, and the launcher tears the job down (SIGKILL reaches a stopped process)."""
-    log_dir = tmp_path / "log"
-    cmd = [str(c) for c in launcher(2, script, "--epochs", "50", "--log-interval", "5", "--dist-timeout", "10",
-                                    "--log-dir", log_dir)]
-    env = dict(os.environ, PYTHONUNBUFFERED="1", PATH=f"{BIN}:{os.environ.get('PATH', '')}")
-    out_path = tmp_path / "output.txt"
-    with open(out_path, "w") as out:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-    try:
-        deadline = time.monotonic() + 180
-        while not re.search(r"epoch 1 step 10/", out_path.read_text()):
-            assert proc.poll() is None, f"exited early ({proc.returncode}):\n{out_path.read_text()[-3000:]}"
-            assert time.monotonic() < deadline, f"training never started:\n{out_path.read_text()[-3000:]}"
-            time.sleep(0.2)
-        ranks = ranks_of(proc.pid, script)
-        assert sorted(ranks) == [0, 1], ranks
-        ranks[1].send_signal(signal.SIGSTOP)
-        stopped_at = time.monotonic()
-        gone, alive = psutil.wait_procs([ranks[0]], timeout=KILL_DEADLINE_S)
-        survivor_s = time.monotonic() - stopped_at
-        assert not alive, f"rank 0 still running {KILL_DEADLINE_S} s after rank 1 stopped"
-        rc = proc.wait(timeout=max(1, KILL_DEADLINE_S - survivor_s))
-        launcher_s = time.monotonic() - stopped_at
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    rc, survivor_s, launcher_s, output = signal_rank_1(tmp_path, script, launcher, signal.SIGSTOP,
+                                                       "--dist-timeout", "10")
     print(f"\n[{script} / hung rank 1] rank 0 gone after {survivor_s:.1f} s; launcher exit {rc} after {launcher_s:.1f} s")
     assert rc != 0
     assert survivor_s >= 9, "rank 0 gave up before the 10 s timeout: it did not wait on the collective"
-    output = out_path.read_text()
     assert any("error: lost contact with another rank" in line for line in error_lines(output)), output[-4000:]
-    assert not re.search(r'File "[^"]*(DDP|deepspeed)/main\.py"', output), output[-4000:]
-    assert_log_dir_sound(log_dir)
+    assert_no_traceback_through_the_example(output)
+    assert_log_dir_sound(tmp_path / "log")
 
 
 # --- checkpoints that must not load: corrupted, truncated, or of another model ------------------------------
