@@ -351,15 +351,20 @@ def test_bad_data_dir_is_one_line_and_non_zero(tmp_path, script, make):
 
 
 @pytest.mark.parametrize("script,launcher", [pytest.param(DDP, torchrun, id="ddp-torchrun"),
-                                             pytest.param(DS, torchrun, id="deepspeed-torchrun")])
+                                             pytest.param(DS, torchrun, id="deepspeed-torchrun"),
+                                             pytest.param(HVD_TORCH, horovodrun, id="hvd-torch-horovodrun-gloo"),
+                                             pytest.param(HVD_TF, horovodrun, id="hvd-tf-horovodrun-gloo")])
 def test_a_hung_rank_ends_the_job_after_the_collective_timeout(tmp_path, script, launcher):
     """SIGSTOP rank 1 (alive, silent: a hung node): with --dist-timeout 10 rank 0's collective gives up after
-    10 s, rank 0 exits with one line, and the launcher tears the job down (SIGKILL reaches a stopped process)."""
+    10 s, rank 0 exits with one line, and the launcher tears the job down (SIGKILL reaches a stopped process).
+    Horovod's examples turn --dist-timeout into HOROVOD_GLOO_TIMEOUT_SECONDS (utils/dist.horovod_knobs)."""
     rc, survivor_s, launcher_s, output = signal_rank_1(tmp_path, script, launcher, signal.SIGSTOP,
                                                        "--dist-timeout", "10")
     print(f"\n[{script} / hung rank 1] rank 0 gone after {survivor_s:.1f} s; launcher exit {rc} after {launcher_s:.1f} s")
     assert rc != 0
     assert survivor_s >= 9, "rank 0 gave up before the 10 s timeout: it did not wait on the collective"
+    # ... and the 10 s came from --dist-timeout, not a library default (gloo in Horovod: 30 s; torch: 30 min)
+    assert survivor_s < 25, f"rank 0 waited {survivor_s:.0f} s: --dist-timeout 10 did not reach the collectives"
     assert any("error: lost contact with another rank" in line for line in error_lines(output)), output[-4000:]
     assert_no_traceback_through_the_example(output)
     assert_log_dir_sound(tmp_path / "log")

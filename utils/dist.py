@@ -146,11 +146,17 @@ def master_address(env):
 HOROVOD_CPU_KNOBS = {"HOROVOD_CYCLE_TIME": "5"}
 
 
-def horovod_knobs(on_cpu):
-    """Before hvd.init(): the course's Horovod settings for CPU ranks, unless the environment sets them."""
+def horovod_knobs(on_cpu, dist_timeout=None):
+    """Before hvd.init(): the course's Horovod settings for CPU ranks, unless the environment sets them.
+
+    `dist_timeout` (--dist-timeout) becomes HOROVOD_GLOO_TIMEOUT_SECONDS, the timeout of every gloo operation
+    Horovod runs (its default: 30 s), so the flag bounds a hung peer in the Horovod examples as it does in
+    the torch.distributed ones. `horovodrun --gloo-timeout-seconds N` sets the variable itself and wins."""
     if on_cpu:
         for name, value in HOROVOD_CPU_KNOBS.items():
             os.environ.setdefault(name, value)
+    if dist_timeout:
+        os.environ.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", str(dist_timeout))
     return {name: os.environ.get(name, "Horovod's default") for name in HOROVOD_CPU_KNOBS}
 
 

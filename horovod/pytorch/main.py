@@ -92,7 +92,8 @@ def main():
 
     # --- set up distributed ----------------------------------------------------------------------
     # Horovod reads its knobs at init: on CPU a longer cycle time (utils/dist.py; README, Performance)
-    knobs = dist.horovod_knobs(on_cpu=args.device == "cpu" or not torch.cuda.is_available())
+    knobs = dist.horovod_knobs(on_cpu=args.device == "cpu" or not torch.cuda.is_available(),
+                               dist_timeout=args.dist_timeout)
     hvd.init()  # [hvd 1] start Horovod: rank, size and local rank come from horovodrun or MPI
     env = dist.DistEnv(hvd.rank(), hvd.local_rank(), hvd.size(), hvd.local_size(), dist.discover().launcher,
                        backend="horovod-" + ("mpi" if hvd.mpi_enabled() else "gloo"))

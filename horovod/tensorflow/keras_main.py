@@ -68,7 +68,8 @@ def main():
 
     # --- set up distributed ----------------------------------------------------------------------
     launcher = dist.discover()
-    knobs = dist.horovod_knobs(on_cpu=args.device == "cpu" or not tf.config.list_physical_devices("GPU"))
+    knobs = dist.horovod_knobs(on_cpu=args.device == "cpu" or not tf.config.list_physical_devices("GPU"),
+                               dist_timeout=args.dist_timeout)
     hvd.init()  # [hvd 1] start Horovod
     env = dist.DistEnv(hvd.rank(), hvd.local_rank(), hvd.size(), hvd.local_size(), launcher.launcher,
                        backend="horovod-" + ("mpi" if hvd.mpi_enabled() else "gloo"))

@@ -105,7 +105,8 @@ def main():
     # --- set up distributed ----------------------------------------------------------------------
     launcher = dist.discover()
     # Horovod reads its knobs at init: on CPU a longer cycle time (utils/dist.py; README, Performance)
-    knobs = dist.horovod_knobs(on_cpu=args.device == "cpu" or not tf.config.list_physical_devices("GPU"))
+    knobs = dist.horovod_knobs(on_cpu=args.device == "cpu" or not tf.config.list_physical_devices("GPU"),
+                               dist_timeout=args.dist_timeout)
     hvd.init()  # [hvd 1] start Horovod: rank, size and local rank come from horovodrun or MPI
     env = dist.DistEnv(hvd.rank(), hvd.local_rank(), hvd.size(), hvd.local_size(), launcher.launcher,
                        backend="horovod-" + ("mpi" if hvd.mpi_enabled() else "gloo"))
