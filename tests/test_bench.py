@@ -68,6 +68,16 @@ def test_quick_mode_emits_every_field(tmp_path):
         assert r["ceiling_efficiency"] == pytest.approx(sum(pair) / (2 * r["samples_per_s_1"]))
         if r["example"] in bench.LIBRARY_DEFAULTS:  # the Horovod knob, measured against Horovod's default
             assert r["knob_speedup"] == pytest.approx(r["samples_per_s_2"] / r["samples_per_s_2_library_defaults"])
+        if r["example"] in bench.MPIEXEC_LAUNCHES:  # the same example at 2 ranks under mpiexec (MPI operations)
+            assert r["efficiency_mpiexec"] == pytest.approx(r["samples_per_s_2_mpiexec"] / (2 * r["samples_per_s_1"]))
+            assert r["relative_to_ceiling_mpiexec"] == pytest.approx(r["efficiency_mpiexec"] / r["ceiling_efficiency"])
+    assert {r["example"] for r in report["examples"] if "efficiency_mpiexec" in r} == set(bench.MPIEXEC_LAUNCHES)
+    # one all-reduce of the gradients' size, timed by every way the examples move gradients
+    from utils.torch_utils import Net
+    gradient_bytes = 4 * sum(p.numel() for p in Net().parameters())
+    assert set(report["allreduce"]) == set(bench.ALLREDUCE_WAYS)
+    for way, timing in report["allreduce"].items():
+        assert timing["bytes"] == gradient_bytes and 0 < timing["ms"] < 1000, (way, timing)
     assert report["knobs"] == {"HOROVOD_CYCLE_TIME": "5", "SCALING_DL_TFDATA_THREADS": "1"}
     fractions = report["breakdown"]["fraction"]
     assert set(fractions) == {"data", "forward_backward", "communication", "optimizer"}

@@ -14,6 +14,8 @@ the median over its remaining epochs. The whole set is repeated `--repeat` times
 everything once, then round 2 ...), because this machine's speed drifts by +-10% over minutes: every ratio
 is computed within a round, from runs minutes apart, and the report gives the median over rounds and the
 range. Results: a table on stdout and runs/bench/latest.json.
+The Horovod examples also run at 2 ranks under mpiexec (MPI moves their gradients instead of gloo), and one
+all-reduce of the gradients' size is timed alone by each way the examples move them (`allreduce` in the JSON).
     python utils/bench.py            # full: 3 rounds of 4 epochs x 40 steps per run (about 15 minutes)
     python utils/bench.py --quick    # short: 1 round of 3 epochs x 8 steps, 2 overhead pairs (in the tests)
 """
@@ -42,6 +44,13 @@ EXAMPLES = {  # name: (script, 2-rank launcher prefix, framework kind: which ind
     "deepspeed": ("deepspeed/main.py", lambda port: [BIN / "deepspeed", "--num_gpus", "2", "--master_port",
                                                      str(port)], "torch"),
 }
+
+
+# Horovod's bytes travel with gloo under `horovodrun --gloo` (TCP over loopback) and with MPI under `mpiexec` (the
+# MPI controller and operations; the venv's MPICH uses shared memory between ranks of one node). Each round also
+# runs these examples at 2 ranks under mpiexec, so the report compares the two launchers on the same example.
+MPIEXEC_LAUNCHES = {"horovod-pytorch": lambda port: [BIN / "mpiexec", "-n", "2", PY],
+                    "horovod-tensorflow": lambda port: [BIN / "mpiexec", "-n", "2", PY]}
 
 
 # --- arithmetic (unit-tested in tests/test_bench.py) -------------------------------------------------------
@@ -101,11 +110,11 @@ def measure_example(name, args, work, port):
     return steady_throughput(history(one)), measure_two_ranks(name, args, work, port), kind
 
 
-def measure_two_ranks(name, args, work, port, extra_env=None, tag=""):
+def measure_two_ranks(name, args, work, port, extra_env=None, tag="", prefix=None):
     script, two_rank_prefix, _ = EXAMPLES[name]
     two = work / f"{name}-2{tag}"
-    wait(*launch([*two_rank_prefix(port), ROOT / script, *example_flags(args, two)], args.timeout, extra_env),
-         f"{name} 2 ranks {tag}")
+    wait(*launch([*(prefix or two_rank_prefix)(port), ROOT / script, *example_flags(args, two)], args.timeout,
+                 extra_env), f"{name} 2 ranks {tag}")
     return steady_throughput(history(two))
 
 
@@ -176,6 +185,71 @@ def breakdown(steps, batch_size):
                           "step_ms": step_ms}), flush=True)
     tdist.barrier()  # leave together (see utils/dist.shutdown): avoids a gloo abort at exit
     tdist.destroy_process_group()
+
+
+# --- one all-reduce of the model's gradients, by each way the examples move them ---------------------------
+ALLREDUCE_WAYS = {  # name: (launcher prefix, what it measures)
+    "torch.distributed gloo (torchrun)": (lambda port: [BIN / "torchrun", "--nproc_per_node", "2", "--master_addr",
+                                                        "127.0.0.1", "--master_port", str(port)], "torch-gloo"),
+    "Horovod, gloo (horovodrun --gloo)": (lambda port: [BIN / "horovodrun", "-np", "2", "--gloo",
+                                                        "--gloo-timeout-seconds", "60", PY], "horovod"),
+    "Horovod, MPI (mpiexec)": (lambda port: [BIN / "mpiexec", "-n", "2", PY], "horovod"),
+    "MPI alone (mpiexec, mpi4py)": (lambda port: [BIN / "mpiexec", "-n", "2", PY], "mpi4py"),
+}
+
+
+def allreduce_timing(kind, reps):
+    """Median ms of one all-reduce of a float32 tensor the size of the CNN's gradients, on rank 0, ranks lined
+    up by a barrier before each. Horovod runs with the examples' knobs (its cycle time is part of the cost)."""
+    import numpy as np
+    import torch
+    from utils.torch_utils import Net
+    torch.set_num_threads(1)
+    numel = sum(p.numel() for p in Net().parameters())
+    times = []
+    if kind == "torch-gloo":
+        import torch.distributed as tdist
+        tdist.init_process_group("gloo")
+        t, rank = torch.ones(numel), tdist.get_rank()
+        for _ in range(reps + 5):
+            tdist.barrier()
+            t0 = time.perf_counter()
+            tdist.all_reduce(t)
+            times.append(time.perf_counter() - t0)
+        tdist.barrier()
+        tdist.destroy_process_group()
+    elif kind == "mpi4py":
+        from mpi4py import MPI
+        comm = MPI.COMM_WORLD
+        a, b, rank = np.ones(numel, np.float32), np.empty(numel, np.float32), comm.Get_rank()
+        for _ in range(reps + 5):
+            comm.Barrier()
+            t0 = time.perf_counter()
+            comm.Allreduce(a, b)
+            times.append(time.perf_counter() - t0)
+    else:
+        import horovod.torch as hvd
+        from utils.dist import horovod_knobs
+        horovod_knobs(on_cpu=True)
+        hvd.init()
+        t, rank = torch.ones(numel), hvd.rank()
+        for _ in range(reps + 5):
+            hvd.barrier()
+            t0 = time.perf_counter()
+            hvd.allreduce_(t, name="gradients")
+            times.append(time.perf_counter() - t0)
+    if rank == 0:
+        print(json.dumps({"ms": 1000 * statistics.median(times[5:]), "bytes": 4 * numel}), flush=True)
+
+
+def measure_allreduce(args, port):
+    """{way: {"ms": .., "bytes": ..}} for each way in ALLREDUCE_WAYS (horovodrun prefixes lines with [rank])."""
+    out = {}
+    for i, (name, (prefix, kind)) in enumerate(ALLREDUCE_WAYS.items()):
+        text = wait(*launch([*prefix(port + i), __file__, "--allreduce", kind, "--repeat", str(args.allreduce_reps)],
+                            args.timeout), f"all-reduce via {name}")
+        out[name] = json.loads("{" + [line for line in text.splitlines() if '{"ms"' in line][-1].split("{", 1)[1])
+    return out
 
 
 # --- the examples' own overhead, measured inside one process ---------------------------------------------
@@ -325,6 +399,11 @@ def measure_round(names, args, work, round_no):
                   flush=True)
             lib = measure_two_ranks(name, args, work, 29620 + i, LIBRARY_DEFAULTS[name], "-library-defaults")
             row.update(samples_per_s_2_library_defaults=lib, knob_speedup=two / lib)
+        if name in MPIEXEC_LAUNCHES:
+            print(f"  round {round_no}: {name} at 2 ranks under mpiexec (MPI moves the gradients) ...", flush=True)
+            mpi = measure_two_ranks(name, args, work, 29640 + i, tag="-mpiexec", prefix=MPIEXEC_LAUNCHES[name])
+            row.update(samples_per_s_2_mpiexec=mpi, efficiency_mpiexec=efficiency(one, mpi),
+                       relative_to_ceiling_mpiexec=efficiency(one, mpi) / ceiling)
         rows.append(row)
     return dict(independent_pair_samples_per_s=pairs, examples=rows)
 
@@ -372,7 +451,11 @@ def main():
     parser.add_argument("--pairs", type=int, default=6, help="example/bare epochs alternated for the overhead")
     parser.add_argument("--overhead", choices=list(EXAMPLES), help=argparse.SUPPRESS)
     parser.add_argument("--breakdown", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--allreduce", choices=["torch-gloo", "horovod", "mpi4py"], help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.allreduce:  # (--repeat: how many all-reduces are timed)
+        allreduce_timing(args.allreduce, args.repeat)
+        return
     if args.overhead:
         ratios = (overhead_tf(args.steps, args.batch_size, args.pairs) if args.overhead == "horovod-tensorflow"
                   else overhead_torch(args.overhead, args.steps, args.batch_size, args.pairs))
@@ -383,6 +466,7 @@ def main():
         return
     if args.quick:
         args.repeat, args.epochs, args.steps, args.pairs = 1, 3, 8, 2
+    args.allreduce_reps = 10 if args.quick else 50
     if args.repeat < 1 or args.epochs < 2 or args.steps < 1 or args.pairs < 1:
         parser.error("--repeat, --steps and --pairs must be at least 1, --epochs at least 2 (the first is warm-up)")
 
@@ -394,6 +478,8 @@ def main():
         rounds = [measure_round(names, args, Path(tmp), r + 1) for r in range(args.repeat)]
         print("  breakdown of a 2-rank step ...", flush=True)
         parts = measure_breakdown(args, 29650)
+        print("  one all-reduce of the gradients: gloo, Horovod (gloo, MPI), MPI ...", flush=True)
+        wire = measure_allreduce(args, 29660)
     examples = combine(rounds)
     for row in examples:
         print(f"  {row['example']}: its training loop against a bare loop, alternating in one process ...", flush=True)
@@ -402,7 +488,7 @@ def main():
                    overhead_pairs=ratios)
 
     report = dict(date=started, cpu_count=os.cpu_count(), repeat=args.repeat, epochs=args.epochs,
-                  steps=args.steps, batch_size=args.batch_size, knobs=knob_settings(), breakdown=parts,
+                  steps=args.steps, batch_size=args.batch_size, knobs=knob_settings(), breakdown=parts, allreduce=wire,
                   examples=examples, rounds=rounds)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2))
@@ -429,6 +515,19 @@ def print_table(report):
             lo, hi = r["knob_speedup_range"]
             print(f"  {r['example']:>19}: {r['samples_per_s_2']:.0f} vs {r['samples_per_s_2_library_defaults']:.0f} "
                   f"samples/s, x{r['knob_speedup']:.2f} ({lo:.2f}-{hi:.2f})")
+    launchers = [r for r in report["examples"] if "efficiency_mpiexec" in r]
+    if launchers:
+        print("\nthe Horovod examples at 2 ranks by launcher: horovodrun --gloo (gloo over loopback TCP) "
+              "vs mpiexec (MPI, shared memory):")
+        for r in launchers:
+            lo, hi = r["efficiency_mpiexec_range"]
+            print(f"  {r['example']:>19}: efficiency {r['efficiency']:.2f} vs {r['efficiency_mpiexec']:.2f} "
+                  f"({lo:.2f}-{hi:.2f}); {r['samples_per_s_2']:.0f} vs {r['samples_per_s_2_mpiexec']:.0f} samples/s")
+    wire = report["allreduce"]
+    print(f"\none all-reduce of the CNN's gradients ({next(iter(wire.values()))['bytes'] / 1e6:.1f} MB float32) "
+          "between 2 ranks, median:")
+    for name, timing in wire.items():
+        print(f"  {name:>35}: {timing['ms']:.2f} ms")
     b = report["breakdown"]
     print(f"\n2-rank step on rank 0, phases run one after another (no overlap): {b['step_ms']:.1f} ms = " +
           ", ".join(f"{k} {v:.1f} ms ({100 * b['fraction'][k]:.0f}%)" for k, v in b["ms_per_step"].items()))
