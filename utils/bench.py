@@ -16,7 +16,7 @@ is computed within a round, from runs minutes apart, and the report gives the me
 range. Results: a table on stdout and runs/bench/latest.json.
 The Horovod examples also run at 2 ranks under mpiexec (MPI moves their gradients instead of gloo), and one
 all-reduce of the gradients' size is timed alone by each way the examples move them (`allreduce` in the JSON).
-    python utils/bench.py            # full: 3 rounds of 4 epochs x 40 steps per run (about 15 minutes)
+    python utils/bench.py            # full: 3 rounds of 4 epochs x 40 steps per run (about 20 minutes)
     python utils/bench.py --quick    # short: 1 round of 3 epochs x 8 steps, 2 overhead pairs (in the tests)
 """
 import argparse
@@ -183,8 +183,7 @@ def breakdown(steps, batch_size):
         step_ms = sum(ms.values())
         print(json.dumps({"ms_per_step": ms, "fraction": {k: v / step_ms for k, v in ms.items()},
                           "step_ms": step_ms}), flush=True)
-    tdist.barrier()  # leave together (see utils/dist.shutdown): avoids a gloo abort at exit
-    tdist.destroy_process_group()
+    shutdown_gloo()
 
 
 # --- one all-reduce of the model's gradients, by each way the examples move them ---------------------------
@@ -206,40 +205,38 @@ def allreduce_timing(kind, reps):
     from utils.torch_utils import Net
     torch.set_num_threads(1)
     numel = sum(p.numel() for p in Net().parameters())
-    times = []
     if kind == "torch-gloo":
         import torch.distributed as tdist
         tdist.init_process_group("gloo")
-        t, rank = torch.ones(numel), tdist.get_rank()
-        for _ in range(reps + 5):
-            tdist.barrier()
-            t0 = time.perf_counter()
-            tdist.all_reduce(t)
-            times.append(time.perf_counter() - t0)
-        tdist.barrier()
-        tdist.destroy_process_group()
+        t = torch.ones(numel)
+        rank, barrier, allreduce, done = tdist.get_rank(), tdist.barrier, lambda: tdist.all_reduce(t), shutdown_gloo
     elif kind == "mpi4py":
         from mpi4py import MPI
         comm = MPI.COMM_WORLD
-        a, b, rank = np.ones(numel, np.float32), np.empty(numel, np.float32), comm.Get_rank()
-        for _ in range(reps + 5):
-            comm.Barrier()
-            t0 = time.perf_counter()
-            comm.Allreduce(a, b)
-            times.append(time.perf_counter() - t0)
+        a, b = np.ones(numel, np.float32), np.empty(numel, np.float32)
+        rank, barrier, allreduce, done = comm.Get_rank(), comm.Barrier, lambda: comm.Allreduce(a, b), lambda: None
     else:
         import horovod.torch as hvd
         from utils.dist import horovod_knobs
         horovod_knobs(on_cpu=True)
         hvd.init()
-        t, rank = torch.ones(numel), hvd.rank()
-        for _ in range(reps + 5):
-            hvd.barrier()
-            t0 = time.perf_counter()
-            hvd.allreduce_(t, name="gradients")
-            times.append(time.perf_counter() - t0)
+        t = torch.ones(numel)
+        rank, barrier, allreduce, done = hvd.rank(), hvd.barrier, lambda: hvd.allreduce_(t, name="grads"), hvd.shutdown
+    times = []
+    for _ in range(reps + 5):  # the first 5 are warm-up (connections, buffers)
+        barrier()
+        t0 = time.perf_counter()
+        allreduce()
+        times.append(time.perf_counter() - t0)
+    done()
     if rank == 0:
         print(json.dumps({"ms": 1000 * statistics.median(times[5:]), "bytes": 4 * numel}), flush=True)
+
+
+def shutdown_gloo():
+    import torch.distributed as tdist
+    tdist.barrier()  # leave together (see utils/dist.shutdown): avoids a gloo abort at exit
+    tdist.destroy_process_group()
 
 
 def measure_allreduce(args, port):
