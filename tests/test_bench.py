@@ -45,6 +45,40 @@ def test_steady_throughput_skips_the_warm_up_epoch():
     assert bench.steady_throughput([{"samples_per_s": 7.0}]) == 7.0
 
 
+def test_cores_by_thread_kind_from_two_samples():
+    before = {100: {100: ("python", 50), 101: ("tf_Compute", 10), 102: ("python", 0)},
+              200: {200: ("python", 40), 202: ("python", 5)}}
+    after = {100: {100: ("python", 100), 101: ("tf_Compute", 210), 102: ("python", 20), 103: ("python", 10)},
+             200: {200: ("python", 240), 202: ("python", 25)}}
+    cores = bench.cpu_by_kind(before, after, seconds=2.0, ticks_per_s=100)
+    # rank 100: main 0.25, tf pool 1.0, others (102, and 103 that started in between) 0.15; rank 200: main 1.0,
+    # other 0.1. Averaged over the two ranks:
+    assert cores == pytest.approx({"main": 0.625, "tf_pool": 0.5, "other": 0.125, "total": 1.25})
+    assert bench.cpu_by_kind(before, {}, seconds=2.0) is None  # the ranks had gone: nothing to report
+
+
+def test_the_ranks_are_found_by_script_and_log_dir_not_the_launcher(tmp_path):
+    import subprocess
+    import time
+    log_dir, script = tmp_path / "run", tmp_path / "main.py"
+    script.write_text("import time\ntime.sleep(30)\n")
+    rank = subprocess.Popen([sys.executable, "-u", str(script), "--log-dir", str(log_dir)])
+    # a launcher names the script among its arguments too, but does not run it
+    launcher = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", str(script), str(log_dir)])
+    other_run = subprocess.Popen([sys.executable, str(script), "--log-dir", str(tmp_path / "other")])
+    try:
+        deadline = time.time() + 10
+        while time.time() < deadline and not bench.rank_pids("main.py", log_dir):
+            time.sleep(0.1)
+        assert bench.rank_pids("main.py", log_dir) == [rank.pid]
+        ticks = bench.thread_ticks([rank.pid])
+        assert rank.pid in ticks[rank.pid] and all(t >= 0 for _, t in ticks[rank.pid].values())
+    finally:
+        for proc in (rank, launcher, other_run):
+            proc.kill()
+            proc.wait()
+
+
 def test_quick_mode_emits_every_field(tmp_path):
     out = tmp_path / "latest.json"
     check(run([sys.executable, ROOT / "utils/bench.py", "--quick", "--out", out], timeout=900))
@@ -71,6 +105,16 @@ def test_quick_mode_emits_every_field(tmp_path):
         if r["example"] in bench.MPIEXEC_LAUNCHES:  # the same example at 2 ranks under mpiexec (MPI operations)
             assert r["efficiency_mpiexec"] == pytest.approx(r["samples_per_s_2_mpiexec"] / (2 * r["samples_per_s_1"]))
             assert r["relative_to_ceiling_mpiexec"] == pytest.approx(r["efficiency_mpiexec"] / r["ceiling_efficiency"])
+        # where the cores went, per rank and thread kind, at 1 and 2 ranks (and under mpiexec where it runs)
+        for run_tag in ("1", "2") + (("2_mpiexec",) if r["example"] in bench.MPIEXEC_LAUNCHES else ()):
+            parts = {part: r[f"cores_{part}_{run_tag}"] for part in ("main", "tf_pool", "other", "total")}
+            assert all(v >= 0 for v in parts.values()), (r["example"], run_tag, parts)
+            assert parts["total"] == pytest.approx(parts["main"] + parts["tf_pool"] + parts["other"])
+            assert 0.2 < parts["total"] <= report["cpu_count"] + 0.1, (r["example"], run_tag, parts)
+            if kind == "torch":  # PyTorch has no "tf_" threads; at one thread per rank the main thread computes
+                assert parts["tf_pool"] == 0 and parts["main"] > parts["other"], (r["example"], run_tag, parts)
+            else:  # TensorFlow runs its kernels on its op pool, not on the main thread
+                assert parts["tf_pool"] > 0.1, (r["example"], run_tag, parts)
     assert {r["example"] for r in report["examples"] if "efficiency_mpiexec" in r} == set(bench.MPIEXEC_LAUNCHES)
     # one all-reduce of the gradients' size, timed by every way the examples move gradients
     from utils.torch_utils import Net

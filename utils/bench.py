@@ -104,18 +104,115 @@ def history(log_dir):
 
 
 def measure_example(name, args, work, port):
+    """(1-rank samples/s, 2-rank samples/s, framework kind, CPU by thread at 1 rank, CPU by thread at 2 ranks)"""
     script, _, kind = EXAMPLES[name]
     one = work / f"{name}-1"
-    wait(*launch([PY, ROOT / script, *example_flags(args, one)], args.timeout), f"{name} 1 rank")
-    return steady_throughput(history(one)), measure_two_ranks(name, args, work, port), kind
+    proc = launch([PY, ROOT / script, *example_flags(args, one)], args.timeout)
+    cpu_1 = watch_cpu(proc[0], script, one, args.epochs)
+    wait(*proc, f"{name} 1 rank")
+    two, cpu_2 = measure_two_ranks(name, args, work, port, with_cpu=True)
+    return steady_throughput(history(one)), two, kind, cpu_1.result(), cpu_2
 
 
-def measure_two_ranks(name, args, work, port, extra_env=None, tag="", prefix=None):
+def measure_two_ranks(name, args, work, port, extra_env=None, tag="", prefix=None, with_cpu=False):
     script, two_rank_prefix, _ = EXAMPLES[name]
     two = work / f"{name}-2{tag}"
-    wait(*launch([*(prefix or two_rank_prefix)(port), ROOT / script, *example_flags(args, two)], args.timeout,
-                 extra_env), f"{name} 2 ranks {tag}")
-    return steady_throughput(history(two))
+    proc = launch([*(prefix or two_rank_prefix)(port), ROOT / script, *example_flags(args, two)], args.timeout,
+                  extra_env)
+    cpu = watch_cpu(proc[0], script, two, args.epochs)
+    wait(*proc, f"{name} 2 ranks {tag}")
+    samples_per_s = steady_throughput(history(two))
+    return (samples_per_s, cpu.result()) if with_cpu else samples_per_s
+
+
+# --- where the cores go: CPU time of each rank's threads, from /proc (Linux) ---------------------------------
+# On 2 cores, 2 ranks leave no core to spare: any thread besides a rank's compute takes its time from a compute
+# thread. Each run's ranks are sampled when epoch 1 (warm-up) has been logged and again when the last epoch
+# has: CPU seconds per second of wall time (cores) of the main thread, TensorFlow's op pool ("tf_*" threads:
+# TF runs kernels there, not on the main thread) and every other thread (Horovod's background thread, gloo's
+# and MPI's threads, tf.data's), averaged over the ranks.
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def thread_kind(pid, tid, comm):
+    if tid == pid:
+        return "main"
+    return "tf_pool" if comm.startswith("tf_") else "other"
+
+
+def cpu_by_kind(before, after, seconds, ticks_per_s=CLOCK_TICKS):
+    """Cores used per thread kind, averaged over ranks. before/after: {pid: {tid: (comm, ticks)}} sampled
+    `seconds` apart; threads that started in between count from zero, ranks gone by `after` are left out."""
+    ranks = [pid for pid in before if pid in after]
+    if not ranks or seconds <= 0:
+        return None
+    cores = {"main": 0.0, "tf_pool": 0.0, "other": 0.0}
+    for pid in ranks:
+        for tid, (comm, ticks) in after[pid].items():
+            used = ticks - before[pid].get(tid, (comm, 0))[1]
+            cores[thread_kind(pid, tid, comm)] += used / ticks_per_s / seconds / len(ranks)
+    cores["total"] = sum(cores.values())
+    return cores
+
+
+def rank_pids(script, log_dir):
+    """The example's processes (python <script> ... <log_dir>), not the launchers around them."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        argv = [a.decode(errors="replace") for a in argv if a and a != b"-u"]
+        if len(argv) > 1 and argv[1].endswith(script) and str(log_dir) in argv:
+            pids.append(int(entry.name))
+    return sorted(pids)
+
+
+def thread_ticks(pids):
+    out = {}
+    for pid in pids:
+        threads = {}
+        for task in Path(f"/proc/{pid}/task").glob("*"):
+            try:
+                stat = (task / "stat").read_text()
+            except OSError:
+                continue
+            comm = stat[stat.index("(") + 1:stat.rindex(")")]
+            fields = stat[stat.rindex(")") + 2:].split()
+            threads[int(task.name)] = (comm, int(fields[11]) + int(fields[12]))  # utime + stime
+        out[pid] = threads
+    return out
+
+
+class watch_cpu:
+    """Samples the ranks' threads after the warm-up epoch and after the last one, in a thread of the bench."""
+
+    def __init__(self, proc, script, log_dir, epochs):
+        import threading
+        self.cores = None
+        self.thread = threading.Thread(target=self._run, args=(proc, script, log_dir, epochs), daemon=True)
+        if Path("/proc/self/task").is_dir():
+            self.thread.start()
+
+    def _run(self, proc, script, log_dir, epochs):
+        metrics, logged, before = Path(log_dir) / "metrics.jsonl", 0, None
+        while proc.poll() is None:
+            time.sleep(0.05)
+            lines = metrics.read_text().count("\n") if metrics.exists() else 0
+            if lines == logged:
+                continue
+            logged = lines
+            if before is None and lines >= 1:
+                before, t0 = thread_ticks(rank_pids(script, log_dir)), time.perf_counter()
+            elif before is not None and lines >= epochs:
+                self.cores = cpu_by_kind(before, thread_ticks(list(before)), time.perf_counter() - t0)
+                return
+
+    def result(self):
+        if self.thread.is_alive() or self.thread.ident:
+            self.thread.join()
+        return self.cores
 
 
 PAIR_SCRIPT = {"torch": "DDP/main.py", "tf": "horovod/tensorflow/main.py"}  # the ceiling's 1-rank runs
@@ -387,10 +484,12 @@ def measure_round(names, args, work, round_no):
     rows = []
     for i, name in enumerate(names):
         print(f"  round {round_no}: {name} at 1 rank, 2 ranks ...", flush=True)
-        one, two, kind = measure_example(name, args, work, 29600 + i)
+        one, two, kind, cpu_1, cpu_2 = measure_example(name, args, work, 29600 + i)
         eff, ceiling = efficiency(one, two), ceiling_efficiency(one, pairs[kind])
         row = dict(example=name, samples_per_s_1=one, samples_per_s_2=two, efficiency=eff,
                    ceiling_efficiency=ceiling, relative_to_ceiling=eff / ceiling)
+        for ranks, cpu in (("1", cpu_1), ("2", cpu_2)):  # flat keys, so combine() takes their medians
+            row.update({f"cores_{part}_{ranks}": v for part, v in (cpu or {}).items()})
         if name in LIBRARY_DEFAULTS and not args.no_knobs:  # the course's knob against the library's default
             print(f"  round {round_no}: {name} at 2 ranks with the library's defaults {LIBRARY_DEFAULTS[name]} ...",
                   flush=True)
@@ -398,9 +497,11 @@ def measure_round(names, args, work, round_no):
             row.update(samples_per_s_2_library_defaults=lib, knob_speedup=two / lib)
         if name in MPIEXEC_LAUNCHES:
             print(f"  round {round_no}: {name} at 2 ranks under mpiexec (MPI moves the gradients) ...", flush=True)
-            mpi = measure_two_ranks(name, args, work, 29640 + i, tag="-mpiexec", prefix=MPIEXEC_LAUNCHES[name])
+            mpi, cpu_mpi = measure_two_ranks(name, args, work, 29640 + i, tag="-mpiexec",
+                                             prefix=MPIEXEC_LAUNCHES[name], with_cpu=True)
             row.update(samples_per_s_2_mpiexec=mpi, efficiency_mpiexec=efficiency(one, mpi),
                        relative_to_ceiling_mpiexec=efficiency(one, mpi) / ceiling)
+            row.update({f"cores_{part}_2_mpiexec": v for part, v in (cpu_mpi or {}).items()})
         rows.append(row)
     return dict(independent_pair_samples_per_s=pairs, examples=rows)
 
@@ -520,6 +621,17 @@ def print_table(report):
             lo, hi = r["efficiency_mpiexec_range"]
             print(f"  {r['example']:>19}: efficiency {r['efficiency']:.2f} vs {r['efficiency_mpiexec']:.2f} "
                   f"({lo:.2f}-{hi:.2f}); {r['samples_per_s_2']:.0f} vs {r['samples_per_s_2_mpiexec']:.0f} samples/s")
+    cores = [r for r in report["examples"] if "cores_total_2" in r]
+    if cores:
+        print("\nwhere the cores go: CPU seconds per second of training per rank, by thread (main / TensorFlow's "
+              "op pool / all others: Horovod, gloo, MPI, tf.data), 1 rank -> 2 ranks:")
+        for r in cores:
+            print(f"  {r['example']:>19}: " + ", ".join(
+                f"{part} {r.get(f'cores_{part}_1', float('nan')):.2f} -> {r[f'cores_{part}_2']:.2f}"
+                for part in ("main", "tf_pool", "other", "total")))
+            if "cores_total_2_mpiexec" in r:
+                print(f"  {'(mpiexec)':>19}: " + ", ".join(f"{part} {r[f'cores_{part}_2_mpiexec']:.2f} at 2 ranks"
+                                                          for part in ("main", "tf_pool", "other", "total")))
     wire = report["allreduce"]
     print(f"\none all-reduce of the CNN's gradients ({next(iter(wire.values()))['bytes'] / 1e6:.1f} MB float32) "
           "between 2 ranks, median:")

@@ -313,4 +313,11 @@ def shutdown():
     if _initialized():
         import torch.distributed as tdist
         tdist.barrier()
+        # Groups a library created (DeepSpeed's data-parallel groups) go first, one at a time, while the default
+        # group can still line the ranks up; then the default group, after one more barrier. (A 2-rank DeepSpeed
+        # run of `make bench` once ended in that abort on rank 1 when all groups were torn down at once.)
+        world = tdist.group.WORLD
+        for group in [g for g in list(getattr(tdist.distributed_c10d, "_world").pg_map) if g is not world]:
+            tdist.destroy_process_group(group)
+        tdist.barrier()
         tdist.destroy_process_group()
