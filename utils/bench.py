@@ -205,6 +205,7 @@ class watch_cpu:
             logged = lines
             if before is None and lines >= 1:
                 before, t0 = thread_ticks(rank_pids(script, log_dir)), time.perf_counter()
+                before = before or None  # no rank found yet: try again at the next epoch
             elif before is not None and lines >= epochs:
                 self.cores = cpu_by_kind(before, thread_ticks(list(before)), time.perf_counter() - t0)
                 return
@@ -573,7 +574,10 @@ def main():
     print(f"bench: {len(names)} example(s), {args.repeat} round(s) of {args.epochs} epochs x {args.steps} steps, "
           f"batch {args.batch_size} per rank, 1 thread per rank, on {os.cpu_count()} cores", flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
-        rounds = [measure_round(names, args, Path(tmp), r + 1) for r in range(args.repeat)]
+        rounds = []
+        for r in range(args.repeat):  # each round in its own folder: a run must not find the last one's metrics
+            (Path(tmp) / f"round-{r + 1}").mkdir()
+            rounds.append(measure_round(names, args, Path(tmp) / f"round-{r + 1}", r + 1))
         print("  breakdown of a 2-rank step ...", flush=True)
         parts = measure_breakdown(args, 29650)
         print("  one all-reduce of the gradients: gloo, Horovod (gloo, MPI), MPI ...", flush=True)
