@@ -110,19 +110,19 @@ def measure_example(name, args, work, port):
     proc = launch([PY, ROOT / script, *example_flags(args, one)], args.timeout)
     cpu_1 = watch_cpu(proc[0], script, one, args.epochs)
     wait(*proc, f"{name} 1 rank")
-    two, cpu_2 = measure_two_ranks(name, args, work, port, with_cpu=True)
+    two, cpu_2 = measure_two_ranks(name, args, work, port)
     return steady_throughput(history(one)), two, kind, cpu_1.result(), cpu_2
 
 
-def measure_two_ranks(name, args, work, port, extra_env=None, tag="", prefix=None, with_cpu=False):
+def measure_two_ranks(name, args, work, port, extra_env=None, tag="", prefix=None):
+    """(2-rank samples/s, CPU by thread kind per rank)"""
     script, two_rank_prefix, _ = EXAMPLES[name]
     two = work / f"{name}-2{tag}"
     proc = launch([*(prefix or two_rank_prefix)(port), ROOT / script, *example_flags(args, two)], args.timeout,
                   extra_env)
     cpu = watch_cpu(proc[0], script, two, args.epochs)
     wait(*proc, f"{name} 2 ranks {tag}")
-    samples_per_s = steady_throughput(history(two))
-    return (samples_per_s, cpu.result()) if with_cpu else samples_per_s
+    return steady_throughput(history(two)), cpu.result()
 
 
 # --- where the cores go: CPU time of each rank's threads, from /proc (Linux) ---------------------------------
@@ -211,9 +211,14 @@ class watch_cpu:
                 return
 
     def result(self):
-        if self.thread.is_alive() or self.thread.ident:
+        if self.thread.ident:  # started (Linux): it ends with the run
             self.thread.join()
         return self.cores
+
+
+def cores_fields(cpu, tag):
+    """Flat keys (cores_main_2, ...), so that combine() takes their medians over rounds."""
+    return {f"cores_{part}_{tag}": v for part, v in (cpu or {}).items()}
 
 
 PAIR_SCRIPT = {"torch": "DDP/main.py", "tf": "horovod/tensorflow/main.py"}  # the ceiling's 1-rank runs
@@ -489,20 +494,19 @@ def measure_round(names, args, work, round_no):
         eff, ceiling = efficiency(one, two), ceiling_efficiency(one, pairs[kind])
         row = dict(example=name, samples_per_s_1=one, samples_per_s_2=two, efficiency=eff,
                    ceiling_efficiency=ceiling, relative_to_ceiling=eff / ceiling)
-        for ranks, cpu in (("1", cpu_1), ("2", cpu_2)):  # flat keys, so combine() takes their medians
-            row.update({f"cores_{part}_{ranks}": v for part, v in (cpu or {}).items()})
+        row.update(cores_fields(cpu_1, "1"), **cores_fields(cpu_2, "2"))
         if name in LIBRARY_DEFAULTS and not args.no_knobs:  # the course's knob against the library's default
             print(f"  round {round_no}: {name} at 2 ranks with the library's defaults {LIBRARY_DEFAULTS[name]} ...",
                   flush=True)
-            lib = measure_two_ranks(name, args, work, 29620 + i, LIBRARY_DEFAULTS[name], "-library-defaults")
+            lib, _ = measure_two_ranks(name, args, work, 29620 + i, LIBRARY_DEFAULTS[name], "-library-defaults")
             row.update(samples_per_s_2_library_defaults=lib, knob_speedup=two / lib)
         if name in MPIEXEC_LAUNCHES:
             print(f"  round {round_no}: {name} at 2 ranks under mpiexec (MPI moves the gradients) ...", flush=True)
             mpi, cpu_mpi = measure_two_ranks(name, args, work, 29640 + i, tag="-mpiexec",
-                                             prefix=MPIEXEC_LAUNCHES[name], with_cpu=True)
+                                             prefix=MPIEXEC_LAUNCHES[name])
             row.update(samples_per_s_2_mpiexec=mpi, efficiency_mpiexec=efficiency(one, mpi),
                        relative_to_ceiling_mpiexec=efficiency(one, mpi) / ceiling)
-            row.update({f"cores_{part}_2_mpiexec": v for part, v in (cpu_mpi or {}).items()})
+            row.update(cores_fields(cpu_mpi, "2_mpiexec"))
         rows.append(row)
     return dict(independent_pair_samples_per_s=pairs, examples=rows)
 

@@ -317,7 +317,7 @@ def shutdown():
         # group can still line the ranks up; then the default group, after one more barrier. (A 2-rank DeepSpeed
         # run of `make bench` once ended in that abort on rank 1 when all groups were torn down at once.)
         world = tdist.group.WORLD
-        for group in [g for g in list(getattr(tdist.distributed_c10d, "_world").pg_map) if g is not world]:
+        for group in [g for g in list(tdist.distributed_c10d._world.pg_map) if g is not world]:
             tdist.destroy_process_group(group)
         tdist.barrier()
         tdist.destroy_process_group()
