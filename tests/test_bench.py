@@ -126,3 +126,21 @@ def test_quick_mode_emits_every_field(tmp_path):
     fractions = report["breakdown"]["fraction"]
     assert set(fractions) == {"data", "forward_backward", "communication", "optimizer"}
     assert sum(fractions.values()) == pytest.approx(1.0)
+
+
+def test_every_round_is_measured_in_full(tmp_path):
+    """Two rounds: the second must measure everything the first did (an earlier bench let round 2 reuse
+    round 1's log folders, and its 2-rank CPU samples went missing), and the report takes medians over both."""
+    out = tmp_path / "latest.json"
+    check(run([sys.executable, ROOT / "utils/bench.py", "--quick", "--repeat", "2", "--only", "ddp", "--out", out],
+              timeout=600))
+    report = json.loads(out.read_text())
+    assert report["repeat"] == 2 and len(report["rounds"]) == 2
+    first, second = (r["examples"][0] for r in report["rounds"])
+    assert set(second) == set(first), set(first) ^ set(second)
+    for tag in ("1", "2"):
+        assert all(r[f"cores_total_{tag}"] > 0.2 for r in (first, second)), (first, second)
+    (row,) = report["examples"]
+    for key in ("samples_per_s_2", "ceiling_efficiency", "cores_total_2"):
+        values = sorted([first[key], second[key]])
+        assert row[key + "_range"] == values and row[key] == pytest.approx(sum(values) / 2), key

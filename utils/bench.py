@@ -542,8 +542,8 @@ def combine(rounds):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="1 round of 3 epochs x 8 steps per run (a smoke test)")
-    parser.add_argument("--repeat", type=int, default=3, help="rounds; medians over them are reported")
+    parser.add_argument("--quick", action="store_true", help="1 round (unless --repeat) of 3 epochs x 8 steps per run (a smoke test)")
+    parser.add_argument("--repeat", type=int, help="rounds; medians over them are reported (default 3, --quick 1)")
     parser.add_argument("--epochs", type=int, default=4, help="epochs per run; the first is warm-up")
     parser.add_argument("--steps", type=int, default=40, help="training steps per epoch")
     parser.add_argument("--batch-size", type=int, default=64, help="batch per rank")
@@ -568,7 +568,9 @@ def main():
         breakdown(args.steps, args.batch_size)
         return
     if args.quick:
-        args.repeat, args.epochs, args.steps, args.pairs = 1, 3, 8, 2
+        args.epochs, args.steps, args.pairs = 3, 8, 2
+    if args.repeat is None:
+        args.repeat = 1 if args.quick else 3
     args.allreduce_reps = 10 if args.quick else 50
     if args.repeat < 1 or args.epochs < 2 or args.steps < 1 or args.pairs < 1:
         parser.error("--repeat, --steps and --pairs must be at least 1, --epochs at least 2 (the first is warm-up)")
