@@ -542,7 +542,8 @@ def combine(rounds):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="1 round (unless --repeat) of 3 epochs x 8 steps per run (a smoke test)")
+    parser.add_argument("--quick", action="store_true",
+                        help="1 round (unless --repeat) of 3 epochs x 8 steps per run (a smoke test)")
     parser.add_argument("--repeat", type=int, help="rounds; medians over them are reported (default 3, --quick 1)")
     parser.add_argument("--epochs", type=int, default=4, help="epochs per run; the first is warm-up")
     parser.add_argument("--steps", type=int, default=40, help="training steps per epoch")
