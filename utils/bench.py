@@ -557,6 +557,8 @@ def main():
     parser.add_argument("--breakdown", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--allreduce", choices=["torch-gloo", "horovod", "mpi4py"], help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.repeat is None:
+        args.repeat = 1 if args.quick else 3
     if args.allreduce:  # (--repeat: how many all-reduces are timed)
         allreduce_timing(args.allreduce, args.repeat)
         return
@@ -570,8 +572,6 @@ def main():
         return
     if args.quick:
         args.epochs, args.steps, args.pairs = 3, 8, 2
-    if args.repeat is None:
-        args.repeat = 1 if args.quick else 3
     args.allreduce_reps = 10 if args.quick else 50
     if args.repeat < 1 or args.epochs < 2 or args.steps < 1 or args.pairs < 1:
         parser.error("--repeat, --steps and --pairs must be at least 1, --epochs at least 2 (the first is warm-up)")
