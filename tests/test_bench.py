@@ -14,12 +14,16 @@ def test_efficiency_arithmetic():
     assert bench.efficiency(500.0, 900.0) == pytest.approx(0.9)
     assert bench.efficiency(500.0, 1000.0) == pytest.approx(1.0)  # perfect weak scaling
     assert bench.ceiling_efficiency(500.0, [450.0, 450.0]) == pytest.approx(0.9)
-    ticks = iter([0.0, 1.03, 2.03, 2.03, 3.0, 4.0])  # example 1.03 s, bare 1.00 s; then 0.97 s, 1.00 s
+    # two parts per pass: example then bare on part "a", bare then example on part "b"
+    ticks = iter([0, 1.03, 2, 3, 4, 5, 6, 7.03,  # pair 1: example 1.03 + 1.03 s, bare 1 + 1 s
+                  8, 9, 10, 11, 11, 12, 12, 12.94])  # pair 2: example 1 + 0.94 s, bare 1 + 1 s
     calls = []
-    ratios = bench.alternate(lambda: calls.append("example"), lambda: calls.append("bare"), 2,
-                             clock=lambda: next(ticks))
-    assert calls == ["example", "bare"] * 3  # one warm-up pair, then 2 timed pairs, alternating
+    ratios = bench.alternate(lambda part: calls.append(("example", part)), lambda part: calls.append(("bare", part)),
+                             ["a", "b"], 2, clock=lambda: next(ticks))
+    one_pass = [("example", "a"), ("bare", "a"), ("bare", "b"), ("example", "b")]
+    assert calls == [("example", "a"), ("bare", "a"), ("example", "b"), ("bare", "b")] + one_pass * 2  # warm-up first
     assert ratios == pytest.approx([0.03, -0.03])
+    assert bench.split(list(range(5)), 2) == [[0, 1], [2, 3], [4]]
 
 
 def test_rounds_combine_into_medians_and_ranges():

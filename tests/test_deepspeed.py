@@ -62,7 +62,8 @@ def write_config(tmp_path, **changes):
     ({"train_bach_size": 64}, "unknown key(s) train_bach_size"),
     ({"zero_optimization": {"stage": 2, "overlap_com": True}}, "overlap_com: Extra inputs are not permitted"),
     ({"train_batch_size": 65}, "train_batch_size 65 is not divisible by the 2 ranks"),
-], ids=["unknown-key", "unknown-zero-key", "batch-not-divisible"])
+    ({"gradient_clipping": 1.0}, "compute_grad_norm false, but gradient_clipping needs the norm"),
+], ids=["unknown-key", "unknown-zero-key", "batch-not-divisible", "clipping-without-norm"])
 def test_bad_config_fails_every_rank_with_one_line(tmp_path, changes, words):
     config = write_config(tmp_path, **changes)
     result = run(mpiexec(2, SCRIPT, "--deepspeed_config", config, "--log-dir", tmp_path / "log"), timeout=120)
@@ -82,3 +83,20 @@ def test_bad_config_in_one_process_and_under_the_deepspeed_launcher(tmp_path):
                  timeout=120)
     assert result.returncode != 0
     assert any("train_bach_size" in e for e in error_lines(result.stderr + result.stdout)), result.stderr[-3000:]
+
+
+@pytest.mark.parametrize("flags,skipped", [
+    ({}, True), ({"zero_stage": 1}, True), ({"zero_stage": 0}, False), ({"zero_stage": 3}, False),
+    ({"zero_stage": 2, "offload": True}, False)], ids=["file", "stage1", "stage0", "stage3", "offload"])
+def test_the_gradient_norm_is_skipped_only_where_deepspeed_allows_it(flags, skipped):
+    """The shipped file skips the gradient norm (README, Performance); a flag that moves the config where
+    DeepSpeed refuses the skip (stages 0 and 3, offload) brings the norm back instead of failing."""
+    import argparse
+    import sys
+    sys.path.append(str(ROOT))
+    from utils import ds_config
+    args = argparse.Namespace(deepspeed_config=None, batch_size=64, grad_accum=1, zero_stage=None, offload=False)
+    vars(args).update(flags)
+    config, path = ds_config.read(args, 2, ROOT / "deepspeed" / "ds_config.json")
+    assert (config["zero_optimization"].get("compute_grad_norm") is False) == skipped
+    ds_config.check(config, path)  # and DeepSpeed's own parser accepts the result (it exits otherwise)

@@ -7,7 +7,8 @@ framework at once, no communication: what 2 ranks can reach on this box) and eac
 relative to it. Then a per-step time breakdown on rank 0 of a 2-rank run (data, forward+backward, gradient
 all-reduce, optimizer), measured phase by phase. Last, each example's *overhead*: its own train_epoch (imported
 from its main.py, at one rank, with its framework's optimizer wrapper or engine) against a bare loop over the
-same preloaded tensors, epochs alternating in one process (`--pairs` of them, after a warm-up pair).
+same preloaded tensors, in one process: each of `--pairs` timed pairs covers an epoch's steps, run in parts of
+`--part-steps` steps, the example and the bare loop taking turns part by part (the speed drifts over seconds).
 
 Epoch 1 of every run is warm-up (graph tracing, allocator, connections) and excluded; a run's throughput is
 the median over its remaining epochs. The whole set is repeated `--repeat` times, interleaved (round 1 runs
@@ -20,6 +21,7 @@ all-reduce of the gradients' size is timed alone by each way the examples move t
     python utils/bench.py --quick    # short: 1 round of 3 epochs x 8 steps, 2 overhead pairs (in the tests)
 """
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -362,23 +364,38 @@ def load_example(script):
     return module
 
 
-def alternate(example_epoch, bare_epoch, pairs, clock=time.perf_counter):
-    """Time the example's epoch and the bare one, alternately, `pairs` times after one warm-up pair: slow
-    drifts of the machine's speed hit both alike. Returns the per-pair ratios example/bare time - 1.
-    `example_epoch` may return its own duration (to leave set-up out of it); otherwise it is timed whole."""
-    example_epoch(), bare_epoch()
+def alternate(example_run, bare_run, parts, pairs, clock=time.perf_counter):
+    """Time the example and the bare loop over the same steps, `pairs` times after one warm-up pass. Within a
+    pair both run every part (a few steps) in turn, the example first on even parts and second on odd ones,
+    so that this machine's speed drifts (10% within seconds) hit both alike. Returns per pair: example time /
+    bare time - 1. A run may return its own duration (to leave set-up out of it); otherwise it is timed whole."""
+    def timed(run, part):
+        t0 = clock()
+        own = run(part)
+        t1 = clock()
+        return own if own is not None else t1 - t0
+
+    for part in parts:
+        example_run(part), bare_run(part)
     ratios = []
     for _ in range(pairs):
-        t0 = clock()
-        own = example_epoch()
-        t1 = clock()
-        bare_epoch()
-        t2 = clock()
-        ratios.append((own if own is not None else t1 - t0) / (t2 - t1) - 1)
+        example = bare = 0.0
+        for i, part in enumerate(parts):
+            if i % 2 == 0:
+                example += timed(example_run, part)
+                bare += timed(bare_run, part)
+            else:
+                bare += timed(bare_run, part)
+                example += timed(example_run, part)
+        ratios.append(example / bare - 1)
     return ratios
 
 
-def overhead_torch(name, steps, batch_size, pairs):
+def split(steps, part_steps):
+    return [steps[i:i + part_steps] for i in range(0, len(steps), part_steps)]
+
+
+def overhead_torch(name, steps, batch_size, pairs, part_steps):
     import copy
 
     import torch
@@ -418,20 +435,20 @@ def overhead_torch(name, steps, batch_size, pairs):
         bare_optimizer = torch.optim.Adam(bare_model.parameters(), lr=1e-3, **adam)
     batches = index_batches(data.epoch_batches(len(y), batch_size, 0, 1, 0, 1, steps), "cpu")
 
-    def example_epoch():
-        module.train_epoch(model, optimizer, x, y, batches, 1, lambda step: optimizer.param_groups[0]["lr"], env, args)
+    def example_run(part):
+        module.train_epoch(model, optimizer, x, y, part, 1, lambda step: optimizer.param_groups[0]["lr"], env, args)
 
-    def bare_epoch():
+    def bare_run(part):
         bare_model.train()
-        for (idx,) in batches:
+        for (idx,) in part:
             bare_optimizer.zero_grad()
             F.nll_loss(bare_model(x[idx]), y[idx]).backward()
             bare_optimizer.step()
 
-    return alternate(example_epoch, bare_epoch, pairs)
+    return alternate(example_run, bare_run, split(batches, part_steps), pairs)
 
 
-def overhead_tf(steps, batch_size, pairs):
+def overhead_tf(steps, batch_size, pairs, part_steps):
     module = load_example(EXAMPLES["horovod-tensorflow"][0])
     tf, keras, hvd = module.tf, module.keras, module.hvd
     from utils import data
@@ -459,22 +476,31 @@ def overhead_tf(steps, batch_size, pairs):
         bare_optimizer.apply_gradients(zip(tape.gradient(loss, bare_model.trainable_variables),
                                            bare_model.trainable_variables))
 
-    def example_epoch():  # as horovod/tensorflow/main.py: the epoch's tf.data pipeline is built before the clock
-        dataset = shard_dataset(x, y, steps, batch_size)
+    parts = split(steps, part_steps)
+    epoch = {}
+
+    def example_run(part):
+        # As in horovod/tensorflow/main.py, one tf.data pipeline per epoch, built (and its iterator started)
+        # before the clock; the parts take their batches from it in turn, so starting the pipeline's threads
+        # is not counted once per part.
+        if part is parts[0]:
+            epoch["batches"] = iter(shard_dataset(x, y, steps, batch_size))
         t0 = time.perf_counter()
-        module.train_epoch(train_step, optimizers[0], dataset, len(steps), 1, lambda step: 0.01, DistEnv(), args)
+        module.train_epoch(train_step, optimizers[0], itertools.islice(epoch["batches"], len(part)), len(part), 1,
+                           lambda step: 0.01, DistEnv(), args)
         return time.perf_counter() - t0
 
-    def bare_epoch():
-        for (idx,) in steps:
+    def bare_run(part):
+        for (idx,) in part:
             bare_step(tf.constant(x[idx]), tf.constant(y[idx]))
 
-    return alternate(example_epoch, bare_epoch, pairs)
+    return alternate(example_run, bare_run, parts, pairs)
 
 
 def measure_overhead(name, args):
     out = wait(*launch([PY, __file__, "--overhead", name, "--steps", str(args.steps), "--batch-size",
-                        str(args.batch_size), "--pairs", str(args.pairs)], args.timeout), f"{name} overhead")
+                        str(args.batch_size), "--pairs", str(args.pairs), "--part-steps", str(args.part_steps)],
+                       args.timeout), f"{name} overhead")
     return json.loads([line for line in out.splitlines() if line.startswith("{")][-1])["ratios"]
 
 
@@ -552,7 +578,9 @@ def main():
     parser.add_argument("--only", nargs="*", choices=list(EXAMPLES), help="measure only these examples")
     parser.add_argument("--out", default=str(ROOT / "runs" / "bench" / "latest.json"))
     parser.add_argument("--timeout", type=int, default=600)
-    parser.add_argument("--pairs", type=int, default=6, help="example/bare epochs alternated for the overhead")
+    parser.add_argument("--pairs", type=int, default=6, help="timed example/bare epoch pairs for the overhead")
+    parser.add_argument("--part-steps", type=int, default=1,
+                        help="the overhead's example and bare loop take turns every this many steps")
     parser.add_argument("--overhead", choices=list(EXAMPLES), help=argparse.SUPPRESS)
     parser.add_argument("--breakdown", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--allreduce", choices=["torch-gloo", "horovod", "mpi4py"], help=argparse.SUPPRESS)
@@ -563,8 +591,9 @@ def main():
         allreduce_timing(args.allreduce, args.repeat)
         return
     if args.overhead:
-        ratios = (overhead_tf(args.steps, args.batch_size, args.pairs) if args.overhead == "horovod-tensorflow"
-                  else overhead_torch(args.overhead, args.steps, args.batch_size, args.pairs))
+        ratios = (overhead_tf(args.steps, args.batch_size, args.pairs, args.part_steps)
+                  if args.overhead == "horovod-tensorflow"
+                  else overhead_torch(args.overhead, args.steps, args.batch_size, args.pairs, args.part_steps))
         print(json.dumps({"ratios": ratios}), flush=True)
         os._exit(0)  # Horovod's and DeepSpeed's process-exit hooks have nothing to add here
     if args.breakdown:
@@ -573,8 +602,9 @@ def main():
     if args.quick:
         args.epochs, args.steps, args.pairs = 3, 8, 2
     args.allreduce_reps = 10 if args.quick else 50
-    if args.repeat < 1 or args.epochs < 2 or args.steps < 1 or args.pairs < 1:
-        parser.error("--repeat, --steps and --pairs must be at least 1, --epochs at least 2 (the first is warm-up)")
+    if args.repeat < 1 or args.epochs < 2 or args.steps < 1 or args.pairs < 1 or args.part_steps < 1:
+        parser.error("--repeat, --steps, --pairs and --part-steps must be at least 1, --epochs at least 2 "
+                     "(the first is warm-up)")
 
     names = args.only or list(EXAMPLES)
     started = time.strftime("%Y-%m-%d %H:%M")

@@ -53,7 +53,30 @@ def read(args, world_size, default_path):
         # ZeRO-Offload is built for DeepSpeedCPUAdam (vectorised C++ Adam, the JIT op cpu_adam); with
         # "torch_adam" DeepSpeed would run torch's slower Adam on the CPU partitions instead.
         config.get("optimizer", {}).get("params", {}).pop("torch_adam", None)
+    if zero.get("compute_grad_norm") is False:
+        refused = norm_needed(config)
+        if refused and (args.zero_stage is not None or args.offload):
+            del zero["compute_grad_norm"]  # the flag's stage or offload wins: DeepSpeed computes the norm there
+        elif refused:
+            fail(f"DeepSpeed config {path}: zero_optimization.compute_grad_norm false, but {refused}")
     return config, path
+
+
+def norm_needed(config):
+    """Why DeepSpeed needs the global gradient norm in this config (None: it may skip it). The shipped file
+    skips it (`compute_grad_norm: false`): with clipping off nothing reads it, and computing it costs about 3%
+    of a step at one rank (README, Performance). DeepSpeed 0.19 refuses the skip in these cases."""
+    zero = config.get("zero_optimization", {})
+    stage = zero.get("stage", 0)
+    if stage not in (1, 2):
+        return f"the skip exists at ZeRO stages 1 and 2 only (stage {stage})"
+    if (zero.get("offload_optimizer") or {}).get("device", "none") != "none":
+        return "ZeRO-Offload needs the norm"
+    if config.get("gradient_clipping", 1.0) > 0:  # DeepSpeed's default clips to 1.0
+        return "gradient_clipping needs the norm (DeepSpeed clips to 1.0 unless the config sets 0.0)"
+    if stage == 1 and (config.get("bf16") or {}).get("enabled") is True:
+        return "ZeRO-1 with bf16 needs the norm"
+    return None
 
 
 class _Recorder(dict):
