@@ -148,3 +148,11 @@ def test_every_round_is_measured_in_full(tmp_path):
     for key in ("samples_per_s_2", "ceiling_efficiency", "cores_total_2"):
         values = sorted([first[key], second[key]])
         assert row[key + "_range"] == values and row[key] == pytest.approx(sum(values) / 2), key
+
+
+def test_an_unknown_flag_is_refused_unless_it_goes_to_one_examples_overhead():
+    from conftest import python
+    result = run(python("utils/bench.py", "--quick", "--zero-stage", "0"), timeout=60)
+    assert result.returncode == 2 and "unrecognized arguments: --zero-stage 0" in result.stderr, result.stderr
+    result = run(python("utils/bench.py", "--part-steps", "0"), timeout=60)
+    assert result.returncode == 2 and "and --part-steps must be at least 1" in result.stderr, result.stderr

@@ -19,6 +19,8 @@ The Horovod examples also run at 2 ranks under mpiexec (MPI moves their gradient
 all-reduce of the gradients' size is timed alone by each way the examples move them (`allreduce` in the JSON).
     python utils/bench.py            # full: 3 rounds of 4 epochs x 40 steps per run (about 20 minutes)
     python utils/bench.py --quick    # short: 1 round of 3 epochs x 8 steps, 2 overhead pairs (in the tests)
+    python utils/bench.py --overhead deepspeed [--zero-stage 0 | --deepspeed_config FILE ...]
+                                     # one example's overhead alone; flags after it go to the example
 """
 import argparse
 import itertools
@@ -395,7 +397,7 @@ def split(steps, part_steps):
     return [steps[i:i + part_steps] for i in range(0, len(steps), part_steps)]
 
 
-def overhead_torch(name, steps, batch_size, pairs, part_steps):
+def overhead_torch(name, steps, batch_size, pairs, part_steps, example_flags=()):
     import copy
 
     import torch
@@ -404,7 +406,7 @@ def overhead_torch(name, steps, batch_size, pairs, part_steps):
     from utils.dist import DistEnv
     from utils.torch_utils import Net, index_batches, to_tensors
     module = load_example(EXAMPLES[name][0])
-    flags = ["--batch-size", str(batch_size), "--num-threads", "1", "--log-interval", str(10 ** 9)]
+    flags = ["--batch-size", str(batch_size), "--num-threads", "1", "--log-interval", str(10 ** 9), *example_flags]
     torch.set_num_threads(1)
     torch.manual_seed(0)
     x, y, _, _ = to_tensors(data.load_mnist(), "cpu")
@@ -448,14 +450,15 @@ def overhead_torch(name, steps, batch_size, pairs, part_steps):
     return alternate(example_run, bare_run, split(batches, part_steps), pairs)
 
 
-def overhead_tf(steps, batch_size, pairs, part_steps):
+def overhead_tf(steps, batch_size, pairs, part_steps, example_flags=()):
     module = load_example(EXAMPLES["horovod-tensorflow"][0])
     tf, keras, hvd = module.tf, module.keras, module.hvd
     from utils import data
     from utils.dist import DistEnv, horovod_knobs
     from utils.tf_utils import build_model, configure_tf, images, shard_dataset
     args = module.parse(module.horovod_flags(module.get_parser("")),
-                        ["--batch-size", str(batch_size), "--num-threads", "1", "--log-interval", str(10 ** 9)])
+                        ["--batch-size", str(batch_size), "--num-threads", "1", "--log-interval", str(10 ** 9),
+                         *example_flags])
     horovod_knobs(on_cpu=True)
     hvd.init()
     configure_tf("cpu", 0, 1)
@@ -584,16 +587,19 @@ def main():
     parser.add_argument("--overhead", choices=list(EXAMPLES), help=argparse.SUPPRESS)
     parser.add_argument("--breakdown", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--allreduce", choices=["torch-gloo", "horovod", "mpi4py"], help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args, example_flags = parser.parse_known_args()  # --overhead alone passes the rest to the example
+    if example_flags and not args.overhead:
+        parser.error(f"unrecognized arguments: {' '.join(example_flags)}")
     if args.repeat is None:
         args.repeat = 1 if args.quick else 3
     if args.allreduce:  # (--repeat: how many all-reduces are timed)
         allreduce_timing(args.allreduce, args.repeat)
         return
     if args.overhead:
-        ratios = (overhead_tf(args.steps, args.batch_size, args.pairs, args.part_steps)
+        ratios = (overhead_tf(args.steps, args.batch_size, args.pairs, args.part_steps, example_flags)
                   if args.overhead == "horovod-tensorflow"
-                  else overhead_torch(args.overhead, args.steps, args.batch_size, args.pairs, args.part_steps))
+                  else overhead_torch(args.overhead, args.steps, args.batch_size, args.pairs, args.part_steps,
+                                      example_flags))
         print(json.dumps({"ratios": ratios}), flush=True)
         os._exit(0)  # Horovod's and DeepSpeed's process-exit hooks have nothing to add here
     if args.breakdown:
