@@ -100,3 +100,32 @@ def test_the_gradient_norm_is_skipped_only_where_deepspeed_allows_it(flags, skip
     config, path = ds_config.read(args, 2, ROOT / "deepspeed" / "ds_config.json")
     assert (config["zero_optimization"].get("compute_grad_norm") is False) == skipped
     ds_config.check(config, path)  # and DeepSpeed's own parser accepts the result (it exits otherwise)
+
+
+@pytest.mark.parametrize("changes,flags,words", [
+    ({"gradient_clipping": 1.0}, {"zero_stage": 2}, "gradient_clipping needs the norm"),
+    ({"gradient_clipping": None}, {}, None),  # (null: DeepSpeed's parser has the last word)
+    ({"bf16": {"enabled": True}, "data_types": {"grad_accum_dtype": "fp32"}}, {"zero_stage": 1},
+     "ZeRO-1 with bf16 and fp32 gradient accumulation needs the norm"),
+    ({"bf16": {"enabled": True}}, {"zero_stage": 1}, None),  # bf16 accumulation: DeepSpeed skips the norm fine
+    ({"zero_optimization": {"stage": 2, "compute_grad_norm": False,
+                            "offload_optimizer": {"device": "cpu"}}}, {}, "ZeRO-Offload needs the norm"),
+], ids=["clipping-under-a-stage-flag", "clipping-null", "bf16-zero1-fp32-accumulation", "bf16-zero1", "offload-in-file"])
+def test_a_file_that_needs_the_norm_it_skips_is_refused_in_one_line(tmp_path, capsys, changes, flags, words):
+    import argparse
+    import sys
+    sys.path.append(str(ROOT))
+    from utils import ds_config
+    args = argparse.Namespace(deepspeed_config=str(write_config(tmp_path, **changes)), batch_size=64, grad_accum=1,
+                              zero_stage=None, offload=False)
+    vars(args).update(flags)
+    config, path = ds_config.read(args, 2, None)
+    if words is None:
+        try:
+            ds_config.check(config, path)
+        except SystemExit:
+            assert "compute_grad_norm" not in capsys.readouterr().err
+        return
+    with pytest.raises(SystemExit):
+        ds_config.check(config, path)
+    assert f"compute_grad_norm false, but {words}" in capsys.readouterr().err

@@ -430,6 +430,9 @@ def overhead_torch(name, steps, batch_size, pairs, part_steps, example_flags=())
         args = module.parse(module.add_deepspeed_args(module.get_parser("")), flags)
         env = module.init_distributed(args)
         config = module.ds_config.load(args, 1, module.DEFAULT_CONFIG)
+        if args.grad_accum != 1 or args.batch_size != batch_size:  # the bare loop steps on every batch of this size
+            sys.exit(f"error: the overhead compares one optimizer step per batch of {batch_size}: this config has "
+                     f"micro-batch {args.batch_size} x {args.grad_accum} accumulation steps")
         config["optimizer"]["params"]["lr"] = 1e-3
         model, optimizer, _, _ = module.deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                                               config=config)
@@ -592,6 +595,9 @@ def main():
         parser.error(f"unrecognized arguments: {' '.join(example_flags)}")
     if args.repeat is None:
         args.repeat = 1 if args.quick else 3
+    if args.repeat < 1 or args.epochs < 2 or args.steps < 1 or args.pairs < 1 or args.part_steps < 1:
+        parser.error("--repeat, --steps, --pairs and --part-steps must be at least 1, --epochs at least 2 "
+                     "(the first is warm-up)")
     if args.allreduce:  # (--repeat: how many all-reduces are timed)
         allreduce_timing(args.allreduce, args.repeat)
         return
@@ -608,9 +614,6 @@ def main():
     if args.quick:
         args.epochs, args.steps, args.pairs = 3, 8, 2
     args.allreduce_reps = 10 if args.quick else 50
-    if args.repeat < 1 or args.epochs < 2 or args.steps < 1 or args.pairs < 1 or args.part_steps < 1:
-        parser.error("--repeat, --steps, --pairs and --part-steps must be at least 1, --epochs at least 2 "
-                     "(the first is warm-up)")
 
     names = args.only or list(EXAMPLES)
     started = time.strftime("%Y-%m-%d %H:%M")

@@ -53,29 +53,29 @@ def read(args, world_size, default_path):
         # ZeRO-Offload is built for DeepSpeedCPUAdam (vectorised C++ Adam, the JIT op cpu_adam); with
         # "torch_adam" DeepSpeed would run torch's slower Adam on the CPU partitions instead.
         config.get("optimizer", {}).get("params", {}).pop("torch_adam", None)
-    if zero.get("compute_grad_norm") is False:
-        refused = norm_needed(config)
-        if refused and (args.zero_stage is not None or args.offload):
-            del zero["compute_grad_norm"]  # the flag's stage or offload wins: DeepSpeed computes the norm there
-        elif refused:
-            fail(f"DeepSpeed config {path}: zero_optimization.compute_grad_norm false, but {refused}")
+    if zero.get("compute_grad_norm") is False and (args.offload or args.zero_stage not in (None, 1, 2)):
+        # The shipped file skips the gradient norm (below); DeepSpeed needs it at stages 0 and 3 and with
+        # offload, and the flags win over the file: the norm comes back.
+        del zero["compute_grad_norm"]
     return config, path
 
 
-def norm_needed(config):
-    """Why DeepSpeed needs the global gradient norm in this config (None: it may skip it). The shipped file
-    skips it (`compute_grad_norm: false`): with clipping off nothing reads it, and computing it costs about 3%
-    of a step at one rank (README, Performance). DeepSpeed 0.19 refuses the skip in these cases."""
-    zero = config.get("zero_optimization", {})
-    stage = zero.get("stage", 0)
-    if stage not in (1, 2):
-        return f"the skip exists at ZeRO stages 1 and 2 only (stage {stage})"
-    if (zero.get("offload_optimizer") or {}).get("device", "none") != "none":
+def norm_needed(ds):
+    """Why DeepSpeed needs the global gradient norm that this (parsed) config skips; None if it may skip it.
+    The shipped file skips it (`compute_grad_norm: false`): with clipping off nothing reads it, and computing
+    it costs about 1.5% of a one-rank step (README, Performance). DeepSpeed's parser itself refuses the skip
+    outside stages 1-2; these cases it refuses only later, with a traceback from deepspeed.initialize."""
+    from deepspeed.runtime.config import DtypeEnum
+    if ds.zero_config.compute_grad_norm:
+        return None
+    offload = ds.zero_config.offload_optimizer
+    if offload is not None and offload.device != "none":
         return "ZeRO-Offload needs the norm"
-    if config.get("gradient_clipping", 1.0) > 0:  # DeepSpeed's default clips to 1.0
+    if (ds.gradient_clipping or 0) > 0:  # DeepSpeed's default clips to 1.0
         return "gradient_clipping needs the norm (DeepSpeed clips to 1.0 unless the config sets 0.0)"
-    if stage == 1 and (config.get("bf16") or {}).get("enabled") is True:
-        return "ZeRO-1 with bf16 needs the norm"
+    if (ds.zero_optimization_stage == 1 and ds.bfloat16_config.enabled and ds.grad_accum_dtype is not None
+            and DtypeEnum(ds.grad_accum_dtype) == DtypeEnum.fp32):
+        return "ZeRO-1 with bf16 and fp32 gradient accumulation needs the norm"
     return None
 
 
@@ -119,7 +119,7 @@ def check(config, path):
     from deepspeed.runtime.config import DeepSpeedConfig
     recorder = _Recorder(config)
     try:
-        DeepSpeedConfig(recorder)
+        parsed = DeepSpeedConfig(recorder)
     except Exception as exc:
         errors = getattr(exc, "errors", None)
         if callable(errors):  # pydantic: an unknown or mistyped key inside a section
@@ -130,3 +130,6 @@ def check(config, path):
     unknown = sorted(set(config) - recorder.seen)
     if unknown:
         fail(f"DeepSpeed config {path}: unknown key(s) {', '.join(unknown)} (DeepSpeed would ignore them)")
+    refused = norm_needed(parsed)
+    if refused:
+        fail(f"DeepSpeed config {path}: zero_optimization.compute_grad_norm false, but {refused}")
