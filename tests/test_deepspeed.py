@@ -85,19 +85,24 @@ def test_bad_config_in_one_process_and_under_the_deepspeed_launcher(tmp_path):
     assert any("train_bach_size" in e for e in error_lines(result.stderr + result.stdout)), result.stderr[-3000:]
 
 
+def ds_config_read(path, **flags):
+    """utils/ds_config.read as deepspeed/main.py calls it at 2 ranks, with the flags it gets from the command line."""
+    import argparse
+    import sys
+    sys.path.append(str(ROOT))
+    from utils import ds_config
+    args = argparse.Namespace(deepspeed_config=path, batch_size=64, grad_accum=1, zero_stage=None, offload=False)
+    vars(args).update(flags)
+    return ds_config, *ds_config.read(args, 2, ROOT / "deepspeed" / "ds_config.json")
+
+
 @pytest.mark.parametrize("flags,skipped", [
     ({}, True), ({"zero_stage": 1}, True), ({"zero_stage": 0}, False), ({"zero_stage": 3}, False),
     ({"zero_stage": 2, "offload": True}, False)], ids=["file", "stage1", "stage0", "stage3", "offload"])
 def test_the_gradient_norm_is_skipped_only_where_deepspeed_allows_it(flags, skipped):
     """The shipped file skips the gradient norm (README, Performance); a flag that moves the config where
     DeepSpeed refuses the skip (stages 0 and 3, offload) brings the norm back instead of failing."""
-    import argparse
-    import sys
-    sys.path.append(str(ROOT))
-    from utils import ds_config
-    args = argparse.Namespace(deepspeed_config=None, batch_size=64, grad_accum=1, zero_stage=None, offload=False)
-    vars(args).update(flags)
-    config, path = ds_config.read(args, 2, ROOT / "deepspeed" / "ds_config.json")
+    ds_config, config, path = ds_config_read(None, **flags)
     assert (config["zero_optimization"].get("compute_grad_norm") is False) == skipped
     ds_config.check(config, path)  # and DeepSpeed's own parser accepts the result (it exits otherwise)
 
@@ -110,16 +115,10 @@ def test_the_gradient_norm_is_skipped_only_where_deepspeed_allows_it(flags, skip
     ({"bf16": {"enabled": True}}, {"zero_stage": 1}, None),  # bf16 accumulation: DeepSpeed skips the norm fine
     ({"zero_optimization": {"stage": 2, "compute_grad_norm": False,
                             "offload_optimizer": {"device": "cpu"}}}, {}, "ZeRO-Offload needs the norm"),
-], ids=["clipping-under-a-stage-flag", "clipping-null", "bf16-zero1-fp32-accumulation", "bf16-zero1", "offload-in-file"])
+], ids=["clipping-under-a-stage-flag", "clipping-null", "bf16-zero1-fp32-accumulation", "bf16-zero1",
+        "offload-in-file"])
 def test_a_file_that_needs_the_norm_it_skips_is_refused_in_one_line(tmp_path, capsys, changes, flags, words):
-    import argparse
-    import sys
-    sys.path.append(str(ROOT))
-    from utils import ds_config
-    args = argparse.Namespace(deepspeed_config=str(write_config(tmp_path, **changes)), batch_size=64, grad_accum=1,
-                              zero_stage=None, offload=False)
-    vars(args).update(flags)
-    config, path = ds_config.read(args, 2, None)
+    ds_config, config, path = ds_config_read(str(write_config(tmp_path, **changes)), **flags)
     if words is None:
         try:
             ds_config.check(config, path)
