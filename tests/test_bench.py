@@ -150,6 +150,20 @@ def test_every_round_is_measured_in_full(tmp_path):
         assert row[key + "_range"] == values and row[key] == pytest.approx(sum(values) / 2), key
 
 
+def test_flags_for_one_example_reach_its_runs(tmp_path):
+    """`--only NAME FLAGS`: the flags go to that example's runs. A data dir that does not exist must make its first
+    run fail with the example's own error; flags for several examples, or ones the bench sets, are refused."""
+    from conftest import python
+    missing = tmp_path / "no-such-dir"
+    result = run(python("utils/bench.py", "--quick", "--only", "ddp", "--data-dir", missing), timeout=180)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "bench: ddp 1 rank failed" in result.stderr and f"--data-dir {missing}: no such directory" in result.stderr
+    result = run(python("utils/bench.py", "--quick", "--only", "ddp", "deepspeed", "--seed", "3"), timeout=60)
+    assert result.returncode == 2 and "need exactly one --only NAME" in result.stderr, result.stderr
+    result = run(python("utils/bench.py", "--quick", "--only", "ddp", "--num-threads", "2"), timeout=60)
+    assert result.returncode == 2 and "--num-threads: the bench sets this flag itself" in result.stderr, result.stderr
+
+
 def test_an_unknown_flag_is_refused_unless_it_goes_to_one_examples_overhead():
     from conftest import python
     result = run(python("utils/bench.py", "--quick", "--zero-stage", "0"), timeout=60)

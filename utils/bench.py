@@ -19,6 +19,9 @@ The Horovod examples also run at 2 ranks under mpiexec (MPI moves their gradient
 all-reduce of the gradients' size is timed alone by each way the examples move them (`allreduce` in the JSON).
     python utils/bench.py            # full: 3 rounds of 4 epochs x 40 steps per run (about 20 minutes)
     python utils/bench.py --quick    # short: 1 round of 3 epochs x 8 steps, 2 overhead pairs (in the tests)
+    python utils/bench.py --only deepspeed --zero-stage 0
+                                     # one example, every run of it with flags of its own (not those the
+                                     # bench sets: --epochs --max-steps --batch-size --num-threads ...)
     python utils/bench.py --overhead deepspeed [--zero-stage 0 | --deepspeed_config FILE ...]
                                      # one example's overhead alone; flags after it go to the example
 """
@@ -80,6 +83,9 @@ def env_for_bench():
                 PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
 
 
+BENCH_SETS = ("--epochs", "--max-steps", "--batch-size", "--num-threads", "--log-interval", "--log-dir")
+
+
 def example_flags(args, log_dir):
     return ["--epochs", str(args.epochs), "--max-steps", str(args.steps), "--batch-size", str(args.batch_size),
             "--num-threads", "1", "--log-interval", "1000", "--log-dir", str(log_dir)]
@@ -111,7 +117,7 @@ def measure_example(name, args, work, port):
     """(1-rank samples/s, 2-rank samples/s, framework kind, CPU by thread at 1 rank, CPU by thread at 2 ranks)"""
     script, _, kind = EXAMPLES[name]
     one = work / f"{name}-1"
-    proc = launch([PY, ROOT / script, *example_flags(args, one)], args.timeout)
+    proc = launch([PY, ROOT / script, *example_flags(args, one), *args.example_args], args.timeout)
     cpu_1 = watch_cpu(proc[0], script, one, args.epochs)
     wait(*proc, f"{name} 1 rank")
     two, cpu_2 = measure_two_ranks(name, args, work, port)
@@ -122,8 +128,8 @@ def measure_two_ranks(name, args, work, port, extra_env=None, tag="", prefix=Non
     """(2-rank samples/s, CPU by thread kind per rank)"""
     script, two_rank_prefix, _ = EXAMPLES[name]
     two = work / f"{name}-2{tag}"
-    proc = launch([*(prefix or two_rank_prefix)(port), ROOT / script, *example_flags(args, two)], args.timeout,
-                  extra_env)
+    proc = launch([*(prefix or two_rank_prefix)(port), ROOT / script, *example_flags(args, two), *args.example_args],
+                  args.timeout, extra_env)
     cpu = watch_cpu(proc[0], script, two, args.epochs)
     wait(*proc, f"{name} 2 ranks {tag}")
     return steady_throughput(history(two)), cpu.result()
@@ -505,8 +511,8 @@ def overhead_tf(steps, batch_size, pairs, part_steps, example_flags=()):
 
 def measure_overhead(name, args):
     out = wait(*launch([PY, __file__, "--overhead", name, "--steps", str(args.steps), "--batch-size",
-                        str(args.batch_size), "--pairs", str(args.pairs), "--part-steps", str(args.part_steps)],
-                       args.timeout), f"{name} overhead")
+                        str(args.batch_size), "--pairs", str(args.pairs), "--part-steps", str(args.part_steps),
+                        *args.example_args], args.timeout), f"{name} overhead")
     return json.loads([line for line in out.splitlines() if line.startswith("{")][-1])["ratios"]
 
 
@@ -590,9 +596,15 @@ def main():
     parser.add_argument("--overhead", choices=list(EXAMPLES), help=argparse.SUPPRESS)
     parser.add_argument("--breakdown", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--allreduce", choices=["torch-gloo", "horovod", "mpi4py"], help=argparse.SUPPRESS)
-    args, example_flags = parser.parse_known_args()  # --overhead alone passes the rest to the example
-    if example_flags and not args.overhead:
-        parser.error(f"unrecognized arguments: {' '.join(example_flags)}")
+    # Flags the bench does not know go to the example, in every run of it (`--only deepspeed --zero-stage 0`): one
+    # example at a time, and never the flags the bench sets itself, so that every run stays comparable.
+    args, args.example_args = parser.parse_known_args()
+    if args.example_args and not args.overhead and len(args.only or ()) != 1:
+        parser.error(f"unrecognized arguments: {' '.join(args.example_args)} (flags for an example need exactly "
+                     "one --only NAME)")
+    taken = [f for f in args.example_args if f.split("=")[0] in BENCH_SETS]
+    if taken:
+        parser.error(f"{' '.join(taken)}: the bench sets this flag itself in every run (see --help)")
     if args.repeat is None:
         args.repeat = 1 if args.quick else 3
     if args.repeat < 1 or args.epochs < 2 or args.steps < 1 or args.pairs < 1 or args.part_steps < 1:
@@ -602,10 +614,10 @@ def main():
         allreduce_timing(args.allreduce, args.repeat)
         return
     if args.overhead:
-        ratios = (overhead_tf(args.steps, args.batch_size, args.pairs, args.part_steps, example_flags)
+        ratios = (overhead_tf(args.steps, args.batch_size, args.pairs, args.part_steps, args.example_args)
                   if args.overhead == "horovod-tensorflow"
                   else overhead_torch(args.overhead, args.steps, args.batch_size, args.pairs, args.part_steps,
-                                      example_flags))
+                                      args.example_args))
         print(json.dumps({"ratios": ratios}), flush=True)
         os._exit(0)  # Horovod's and DeepSpeed's process-exit hooks have nothing to add here
     if args.breakdown:
@@ -618,7 +630,8 @@ def main():
     names = args.only or list(EXAMPLES)
     started = time.strftime("%Y-%m-%d %H:%M")
     print(f"bench: {len(names)} example(s), {args.repeat} round(s) of {args.epochs} epochs x {args.steps} steps, "
-          f"batch {args.batch_size} per rank, 1 thread per rank, on {os.cpu_count()} cores", flush=True)
+          f"batch {args.batch_size} per rank, 1 thread per rank, on {os.cpu_count()} cores"
+          + (f"; {names[0]} with {' '.join(args.example_args)}" if args.example_args else ""), flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         rounds = []
         for r in range(args.repeat):  # each round in its own folder: a run must not find the last one's metrics
@@ -636,7 +649,8 @@ def main():
                    overhead_pairs=ratios)
 
     report = dict(date=started, cpu_count=os.cpu_count(), repeat=args.repeat, epochs=args.epochs,
-                  steps=args.steps, batch_size=args.batch_size, knobs=knob_settings(), breakdown=parts, allreduce=wire,
+                  steps=args.steps, batch_size=args.batch_size, example_args=args.example_args, knobs=knob_settings(),
+                  breakdown=parts, allreduce=wire,
                   examples=examples, rounds=rounds)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2))
@@ -653,7 +667,8 @@ def print_table(report):
         lines.append((r["example"], f"{r['samples_per_s_1']:.0f}", f"{r['samples_per_s_2']:.0f}",
                       f"{r['efficiency']:.2f} ({lo:.2f}-{hi:.2f})", f"{r['ceiling_efficiency']:.2f}",
                       f"{r['relative_to_ceiling']:.2f}", f"{100 * r['overhead']:+.1f}% ({100 * olo:+.0f}..{100 * ohi:+.0f})"))
-    print(f"\nmedians over {report['repeat']} round(s), range over rounds in brackets")
+    print(f"\nmedians over {report['repeat']} round(s), range over rounds in brackets"
+          + (f"; the example ran with {' '.join(report['example_args'])}" if report.get("example_args") else ""))
     for line in lines:
         print("  ".join(f"{c:>{19 if i in (0, 3, 6) else 10}}" for i, c in enumerate(line)))
     knobs = [r for r in report["examples"] if "knob_speedup" in r]
