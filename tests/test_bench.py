@@ -150,18 +150,14 @@ def test_every_round_is_measured_in_full(tmp_path):
         assert row[key + "_range"] == values and row[key] == pytest.approx(sum(values) / 2), key
 
 
-def test_flags_for_one_example_reach_its_runs(tmp_path):
-    """`--only NAME FLAGS`: the flags go to that example's runs. A data dir that does not exist must make its first
-    run fail with the example's own error; flags for several examples, or ones the bench sets, are refused."""
+def test_flags_for_one_example_reach_its_real_runs(tmp_path):
+    """End to end: a data dir that does not exist, given to `--only ddp`, must make the example's first run fail
+    with the example's own one-line error (the ceiling's runs, which start first, do not get it)."""
     from conftest import python
     missing = tmp_path / "no-such-dir"
     result = run(python("utils/bench.py", "--quick", "--only", "ddp", "--data-dir", missing), timeout=180)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "bench: ddp 1 rank failed" in result.stderr and f"--data-dir {missing}: no such directory" in result.stderr
-    result = run(python("utils/bench.py", "--quick", "--only", "ddp", "deepspeed", "--seed", "3"), timeout=60)
-    assert result.returncode == 2 and "need exactly one --only NAME" in result.stderr, result.stderr
-    result = run(python("utils/bench.py", "--quick", "--only", "ddp", "--num-threads", "2"), timeout=60)
-    assert result.returncode == 2 and "--num-threads: the bench sets this flag itself" in result.stderr, result.stderr
 
 
 def test_an_unknown_flag_is_refused_unless_it_goes_to_one_examples_overhead():
@@ -170,3 +166,40 @@ def test_an_unknown_flag_is_refused_unless_it_goes_to_one_examples_overhead():
     assert result.returncode == 2 and "unrecognized arguments: --zero-stage 0" in result.stderr, result.stderr
     result = run(python("utils/bench.py", "--part-steps", "0"), timeout=60)
     assert result.returncode == 2 and "and --part-steps must be at least 1" in result.stderr, result.stderr
+
+
+def test_example_flags_reach_every_run_of_that_example_and_no_other(tmp_path, monkeypatch):
+    """`--only horovod-pytorch --seed 7`: the flags go to every command the bench starts for that example (1 rank,
+    2 ranks, the library defaults, mpiexec, the overhead), never to the ceiling's independent DDP runs. The
+    commands are recorded, not run."""
+    commands = []
+    monkeypatch.setattr(bench, "launch", lambda cmd, timeout, extra_env=None: (commands.append(list(map(str, cmd))),
+                                                                                timeout))
+    monkeypatch.setattr(bench, "wait", lambda proc, timeout, what: '{"ratios": [0.01]}')
+    monkeypatch.setattr(bench, "history", lambda log_dir: [{"samples_per_s": 100.0}] * 2)
+    monkeypatch.setattr(bench, "watch_cpu", lambda *a: type("NoWatch", (), {"result": lambda self: None})())
+    args = bench.parse_args(["--quick", "--only", "horovod-pytorch", "--seed", "7"])
+    assert args.example_args == ["--seed", "7"]
+    bench.measure_round(args.only, args, tmp_path, 1)
+    assert bench.measure_overhead("horovod-pytorch", args) == [0.01]
+    example = [c for c in commands if "horovod/pytorch/main.py" in " ".join(c) or "--overhead" in c]
+    ceiling = [c for c in commands if c[1].endswith("DDP/main.py")]
+    assert len(example) == 5 and len(ceiling) == 2 and len(commands) == 7, commands
+    assert all(c[-2:] == ["--seed", "7"] for c in example), example
+    assert not any("--seed" in c for c in ceiling), ceiling
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--only", "ddp", "--num-thr", "2"], "--num-thr: the bench sets this flag itself"),
+    (["--only", "ddp", "--log-dir=/tmp/x"], "--log-dir=/tmp/x: the bench sets this flag itself"),
+    (["--only", "ddp", "deepspeed", "--seed", "3"], "need exactly one --only NAME"),
+], ids=["abbreviated", "with-equals", "two-examples"])
+def test_flags_the_bench_sets_or_for_several_examples_are_refused(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        bench.parse_args(argv)
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_an_examples_short_flag_is_not_taken_for_the_benchs_own():
+    args = bench.parse_args(["--only", "ddp", "ddp", "--s", "3"])  # argparse would read `--s` as --steps
+    assert args.steps == 40 and args.example_args == ["--s", "3"] and args.only == ["ddp"]

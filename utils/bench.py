@@ -21,7 +21,8 @@ all-reduce of the gradients' size is timed alone by each way the examples move t
     python utils/bench.py --quick    # short: 1 round of 3 epochs x 8 steps, 2 overhead pairs (in the tests)
     python utils/bench.py --only deepspeed --zero-stage 0
                                      # one example, every run of it with flags of its own (not those the
-                                     # bench sets: --epochs --max-steps --batch-size --num-threads ...)
+                                     # bench sets: --epochs --max-steps --batch-size --num-threads ...; the
+                                     # overhead runs both loops on the bench's data and learning rate)
     python utils/bench.py --overhead deepspeed [--zero-stage 0 | --deepspeed_config FILE ...]
                                      # one example's overhead alone; flags after it go to the example
 """
@@ -578,8 +579,10 @@ def combine(rounds):
     return out
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parse_args(argv=None):
+    # allow_abbrev=False: an example's flag such as `--s 3` must not be taken for the bench's --steps
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     allow_abbrev=False)
     parser.add_argument("--quick", action="store_true",
                         help="1 round (unless --repeat) of 3 epochs x 8 steps per run (a smoke test)")
     parser.add_argument("--repeat", type=int, help="rounds; medians over them are reported (default 3, --quick 1)")
@@ -598,11 +601,13 @@ def main():
     parser.add_argument("--allreduce", choices=["torch-gloo", "horovod", "mpi4py"], help=argparse.SUPPRESS)
     # Flags the bench does not know go to the example, in every run of it (`--only deepspeed --zero-stage 0`): one
     # example at a time, and never the flags the bench sets itself, so that every run stays comparable.
-    args, args.example_args = parser.parse_known_args()
+    args, args.example_args = parser.parse_known_args(argv)
+    args.only = list(dict.fromkeys(args.only)) if args.only else args.only
     if args.example_args and not args.overhead and len(args.only or ()) != 1:
         parser.error(f"unrecognized arguments: {' '.join(args.example_args)} (flags for an example need exactly "
                      "one --only NAME)")
-    taken = [f for f in args.example_args if f.split("=")[0] in BENCH_SETS]
+    taken = [f for f in args.example_args if f.startswith("--") and len(f.split("=")[0]) > 2
+             and any(name.startswith(f.split("=")[0]) for name in BENCH_SETS)]  # the examples take abbreviations
     if taken:
         parser.error(f"{' '.join(taken)}: the bench sets this flag itself in every run (see --help)")
     if args.repeat is None:
@@ -610,6 +615,11 @@ def main():
     if args.repeat < 1 or args.epochs < 2 or args.steps < 1 or args.pairs < 1 or args.part_steps < 1:
         parser.error("--repeat, --steps, --pairs and --part-steps must be at least 1, --epochs at least 2 "
                      "(the first is warm-up)")
+    return args
+
+
+def main():
+    args = parse_args()
     if args.allreduce:  # (--repeat: how many all-reduces are timed)
         allreduce_timing(args.allreduce, args.repeat)
         return
@@ -666,7 +676,8 @@ def print_table(report):
         olo, ohi = r["overhead_range"]
         lines.append((r["example"], f"{r['samples_per_s_1']:.0f}", f"{r['samples_per_s_2']:.0f}",
                       f"{r['efficiency']:.2f} ({lo:.2f}-{hi:.2f})", f"{r['ceiling_efficiency']:.2f}",
-                      f"{r['relative_to_ceiling']:.2f}", f"{100 * r['overhead']:+.1f}% ({100 * olo:+.0f}..{100 * ohi:+.0f})"))
+                      f"{r['relative_to_ceiling']:.2f}",
+                      f"{100 * r['overhead']:+.1f}% ({100 * olo:+.1f}..{100 * ohi:+.1f})"))
     print(f"\nmedians over {report['repeat']} round(s), range over rounds in brackets"
           + (f"; the example ran with {' '.join(report['example_args'])}" if report.get("example_args") else ""))
     for line in lines:
