@@ -660,8 +660,7 @@ def main():
 
     report = dict(date=started, cpu_count=os.cpu_count(), repeat=args.repeat, epochs=args.epochs,
                   steps=args.steps, batch_size=args.batch_size, example_args=args.example_args, knobs=knob_settings(),
-                  breakdown=parts, allreduce=wire,
-                  examples=examples, rounds=rounds)
+                  breakdown=parts, allreduce=wire, examples=examples, rounds=rounds)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2))
     print_table(report)
