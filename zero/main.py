@@ -419,7 +419,13 @@ def main():
     if min(args.ranks) < 1 or args.hidden < 16 or args.layers < 0:
         p.error("--ranks >= 1, --hidden >= 16, --layers >= 0")
     if args.worker:
-        return worker(args)
+        worker(args)
+        # Done, result written. Leave without the interpreter's finalization: FSDP2's device mesh keeps a reference
+        # to the process group, so gloo's threads can outlive destroy_process_group and be torn down with the
+        # interpreter, which aborted one rank once in CI ("terminate called without an active exception").
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
     results = []
     with tempfile.TemporaryDirectory() as tmp:
