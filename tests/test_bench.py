@@ -134,11 +134,18 @@ def test_quick_mode_emits_every_field(tmp_path):
 
 def test_every_round_is_measured_in_full(tmp_path):
     """Two rounds: the second must measure everything the first did (an earlier bench let round 2 reuse
-    round 1's log folders, and its 2-rank CPU samples went missing), and the report takes medians over both."""
+    round 1's log folders, and its 2-rank CPU samples went missing), and the report takes medians over both.
+    With --versus, each round also measures the example with the other flags, and its overhead too."""
     out = tmp_path / "latest.json"
-    check(run([sys.executable, ROOT / "utils/bench.py", "--quick", "--repeat", "2", "--only", "ddp", "--out", out],
-              timeout=600))
+    result = check(run([sys.executable, ROOT / "utils/bench.py", "--quick", "--repeat", "2", "--only", "ddp",
+                        "--versus=--seed 3", "--out", out], timeout=600))
+    assert "ddp with no flags against --seed 3" in result.stdout, result.stdout
     report = json.loads(out.read_text())
+    assert report["versus_args"] == ["--seed", "3"]
+    for r in [round_["examples"][0] for round_ in report["rounds"]]:
+        assert r["versus_speedup_1"] == pytest.approx(r["samples_per_s_1"] / r["samples_per_s_1_versus"])
+        assert r["versus_speedup_2"] == pytest.approx(r["samples_per_s_2"] / r["samples_per_s_2_versus"])
+    assert len(report["examples"][0]["overhead_versus_pairs"]) == 2
     assert report["repeat"] == 2 and len(report["rounds"]) == 2
     first, second = (r["examples"][0] for r in report["rounds"])
     assert set(second) == set(first), set(first) ^ set(second)
@@ -203,3 +210,41 @@ def test_flags_the_bench_sets_or_for_several_examples_are_refused(argv, message,
 def test_an_examples_short_flag_is_not_taken_for_the_benchs_own():
     args = bench.parse_args(["--only", "ddp", "ddp", "--s", "3"])  # argparse would read `--s` as --steps
     assert args.steps == 40 and args.example_args == ["--s", "3"] and args.only == ["ddp"]
+
+
+def test_versus_runs_the_example_with_the_other_flags_taking_turns(tmp_path, monkeypatch):
+    """`--only deepspeed --zero-stage 2 --versus '--zero-stage 0'`: every round runs the example with each set of
+    flags at 1 and 2 ranks (the versus runs with their flags only), the two taking turns going first, and the row
+    holds the ratios taken within the round. Commands recorded, not run; the versus runs report 80 samples/s."""
+    commands = []
+    monkeypatch.setattr(bench, "launch", lambda cmd, timeout, extra_env=None: (commands.append(list(map(str, cmd))),
+                                                                                timeout))
+    monkeypatch.setattr(bench, "wait", lambda proc, timeout, what: '{"ratios": [0.01]}')
+    monkeypatch.setattr(bench, "history", lambda log_dir: [{"samples_per_s": 80.0 if "versus" in log_dir.name
+                                                            else 100.0}] * 2)
+    monkeypatch.setattr(bench, "watch_cpu", lambda *a: type("NoWatch", (), {"result": lambda self: None})())
+    args = bench.parse_args(["--quick", "--only", "deepspeed", "--zero-stage", "2", "--versus", "--zero-stage 0"])
+    assert args.example_args == ["--zero-stage", "2"] and args.versus_args == ["--zero-stage", "0"]
+    orders = []
+    for round_no in (1, 2):
+        commands.clear()
+        row = bench.measure_round(args.only, args, tmp_path / str(round_no), round_no)["examples"][0]
+        example = [c for c in commands if "deepspeed/main.py" in " ".join(c)]
+        assert len(example) == 4 and all(c[-2:] in (["--zero-stage", "2"], ["--zero-stage", "0"]) for c in example)
+        versus = [c for c in example if any(part.endswith("-versus") for part in c)]
+        assert len(versus) == 2 and all(c[-2:] == ["--zero-stage", "0"] for c in versus), example
+        orders.append(example.index(versus[0]))
+        assert row["samples_per_s_1_versus"] == row["samples_per_s_2_versus"] == 80.0
+        assert row["versus_speedup_1"] == row["versus_speedup_2"] == pytest.approx(100 / 80)
+        assert row["efficiency_versus"] == pytest.approx(80 / (2 * 80))
+    assert orders == [2, 0]  # round 1: the bench's flags first; round 2: the versus flags first
+    assert bench.measure_overhead("deepspeed", args, args.versus_args) == [0.01]
+    assert commands[-1][-2:] == ["--zero-stage", "0"] and "--overhead" in commands[-1]
+
+
+def test_versus_needs_one_example_and_not_the_flags_the_bench_sets(capsys):
+    for argv, message in ((["--versus", "--seed 1"], "needs exactly one --only NAME"),
+                          (["--only", "ddp", "--versus", "--batch-size 8"], "--batch-size: the bench sets this flag")):
+        with pytest.raises(SystemExit) as exit_:
+            bench.parse_args(argv)
+        assert exit_.value.code == 2 and message in capsys.readouterr().err

@@ -23,6 +23,9 @@ all-reduce of the gradients' size is timed alone by each way the examples move t
                                      # one example, every run of it with flags of its own (not those the
                                      # bench sets: --epochs --max-steps --batch-size --num-threads ...; the
                                      # overhead runs both loops on the bench's data and learning rate)
+    python utils/bench.py --only deepspeed --zero-stage 2 --versus='--zero-stage 0'
+                                     # A/B: every round also runs the example with the other flags (the two
+                                     # take turns going first); speed-ups and overheads of the two side by side
     python utils/bench.py --overhead deepspeed [--zero-stage 0 | --deepspeed_config FILE ...]
                                      # one example's overhead alone; flags after it go to the example
 """
@@ -30,6 +33,7 @@ import argparse
 import itertools
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -114,25 +118,28 @@ def history(log_dir):
         return [json.loads(line) for line in f if line.strip()]
 
 
-def measure_example(name, args, work, port):
-    """(1-rank samples/s, 2-rank samples/s, framework kind, CPU by thread at 1 rank, CPU by thread at 2 ranks)"""
+def measure_example(name, args, work, port, flags=None, tag=""):
+    """(1-rank samples/s, 2-rank samples/s, framework kind, CPU by thread at 1 rank, CPU by thread at 2 ranks).
+    `flags`: the example's own flags (default: those given to the bench; --versus gives others)."""
     script, _, kind = EXAMPLES[name]
-    one = work / f"{name}-1"
-    proc = launch([PY, ROOT / script, *example_flags(args, one), *args.example_args], args.timeout)
+    flags = args.example_args if flags is None else flags
+    one = work / f"{name}-1{tag}"
+    proc = launch([PY, ROOT / script, *example_flags(args, one), *flags], args.timeout)
     cpu_1 = watch_cpu(proc[0], script, one, args.epochs)
-    wait(*proc, f"{name} 1 rank")
-    two, cpu_2 = measure_two_ranks(name, args, work, port)
+    wait(*proc, f"{name} 1 rank{tag}")
+    two, cpu_2 = measure_two_ranks(name, args, work, port, tag=tag, flags=flags)
     return steady_throughput(history(one)), two, kind, cpu_1.result(), cpu_2
 
 
-def measure_two_ranks(name, args, work, port, extra_env=None, tag="", prefix=None):
+def measure_two_ranks(name, args, work, port, extra_env=None, tag="", prefix=None, flags=None):
     """(2-rank samples/s, CPU by thread kind per rank)"""
     script, two_rank_prefix, _ = EXAMPLES[name]
+    flags = args.example_args if flags is None else flags
     two = work / f"{name}-2{tag}"
-    proc = launch([*(prefix or two_rank_prefix)(port), ROOT / script, *example_flags(args, two), *args.example_args],
+    proc = launch([*(prefix or two_rank_prefix)(port), ROOT / script, *example_flags(args, two), *flags],
                   args.timeout, extra_env)
     cpu = watch_cpu(proc[0], script, two, args.epochs)
-    wait(*proc, f"{name} 2 ranks {tag}")
+    wait(*proc, f"{name} 2 ranks{tag}")
     return steady_throughput(history(two)), cpu.result()
 
 
@@ -510,10 +517,11 @@ def overhead_tf(steps, batch_size, pairs, part_steps, example_flags=()):
     return alternate(example_run, bare_run, parts, pairs)
 
 
-def measure_overhead(name, args):
+def measure_overhead(name, args, flags=None):
+    flags = args.example_args if flags is None else flags
     out = wait(*launch([PY, __file__, "--overhead", name, "--steps", str(args.steps), "--batch-size",
                         str(args.batch_size), "--pairs", str(args.pairs), "--part-steps", str(args.part_steps),
-                        *args.example_args], args.timeout), f"{name} overhead")
+                        *flags], args.timeout), f"{name} overhead")
     return json.loads([line for line in out.splitlines() if line.startswith("{")][-1])["ratios"]
 
 
@@ -528,12 +536,23 @@ def measure_round(names, args, work, round_no):
         pairs[kind] = measure_ceiling(kind, args, work)
     rows = []
     for i, name in enumerate(names):
+        versus = None
+        if args.versus_args is not None and round_no % 2 == 0:  # --versus: the two take turns going first
+            versus = measure_versus(name, args, work, round_no, 29680 + i)
         print(f"  round {round_no}: {name} at 1 rank, 2 ranks ...", flush=True)
         one, two, kind, cpu_1, cpu_2 = measure_example(name, args, work, 29600 + i)
+        if args.versus_args is not None and versus is None:
+            versus = measure_versus(name, args, work, round_no, 29680 + i)
         eff, ceiling = efficiency(one, two), ceiling_efficiency(one, pairs[kind])
         row = dict(example=name, samples_per_s_1=one, samples_per_s_2=two, efficiency=eff,
                    ceiling_efficiency=ceiling, relative_to_ceiling=eff / ceiling)
         row.update(cores_fields(cpu_1, "1"), **cores_fields(cpu_2, "2"))
+        if versus is not None:  # the same example with other flags, in the same round: ratios within the round
+            one_v, two_v = versus
+            eff_v = efficiency(one_v, two_v)
+            row.update(samples_per_s_1_versus=one_v, samples_per_s_2_versus=two_v, efficiency_versus=eff_v,
+                       relative_to_ceiling_versus=eff_v / ceiling_efficiency(one_v, pairs[kind]),
+                       versus_speedup_1=one / one_v, versus_speedup_2=two / two_v)
         if name in LIBRARY_DEFAULTS and not args.no_knobs:  # the course's knob against the library's default
             print(f"  round {round_no}: {name} at 2 ranks with the library's defaults {LIBRARY_DEFAULTS[name]} ...",
                   flush=True)
@@ -548,6 +567,14 @@ def measure_round(names, args, work, round_no):
             row.update(cores_fields(cpu_mpi, "2_mpiexec"))
         rows.append(row)
     return dict(independent_pair_samples_per_s=pairs, examples=rows)
+
+
+def measure_versus(name, args, work, round_no, port):
+    """--versus: the example at 1 and 2 ranks with the other flags. (1-rank, 2-rank samples/s)"""
+    print(f"  round {round_no}: {name} with {' '.join(args.versus_args) or 'no flags'} at 1 rank, 2 ranks ...",
+          flush=True)
+    one, two, *_ = measure_example(name, args, work, port, flags=args.versus_args, tag="-versus")
+    return one, two
 
 
 # Knobs whose library default the examples change (on CPU): Horovod's cycle time (utils/dist.py,
@@ -590,6 +617,10 @@ def parse_args(argv=None):
     parser.add_argument("--steps", type=int, default=40, help="training steps per epoch")
     parser.add_argument("--batch-size", type=int, default=64, help="batch per rank")
     parser.add_argument("--no-knobs", action="store_true", help="skip the runs with the libraries' defaults")
+    parser.add_argument("--versus", metavar="FLAGS",
+                        help="with one --only example: every round also runs it with these flags instead of the "
+                             "example flags given to the bench (e.g. --versus='--zero-stage 0'; '' for none), "
+                             "the two taking turns going first, and the report gives their ratios round by round")
     parser.add_argument("--only", nargs="*", choices=list(EXAMPLES), help="measure only these examples")
     parser.add_argument("--out", default=str(ROOT / "runs" / "bench" / "latest.json"))
     parser.add_argument("--timeout", type=int, default=600)
@@ -606,7 +637,11 @@ def parse_args(argv=None):
     if args.example_args and not args.overhead and len(args.only or ()) != 1:
         parser.error(f"unrecognized arguments: {' '.join(args.example_args)} (flags for an example need exactly "
                      "one --only NAME)")
-    taken = [f for f in args.example_args if f.startswith("--") and len(f.split("=")[0]) > 2
+    args.versus_args = shlex.split(args.versus) if args.versus is not None else None
+    if args.versus_args is not None and len(args.only or ()) != 1:
+        parser.error("--versus compares two sets of flags of one example: it needs exactly one --only NAME")
+    taken = [f for f in args.example_args + (args.versus_args or []) if f.startswith("--")
+             and len(f.split("=")[0]) > 2
              and any(name.startswith(f.split("=")[0]) for name in BENCH_SETS)]  # the examples take abbreviations
     if taken:
         parser.error(f"{' '.join(taken)}: the bench sets this flag itself in every run (see --help)")
@@ -641,7 +676,9 @@ def main():
     started = time.strftime("%Y-%m-%d %H:%M")
     print(f"bench: {len(names)} example(s), {args.repeat} round(s) of {args.epochs} epochs x {args.steps} steps, "
           f"batch {args.batch_size} per rank, 1 thread per rank, on {os.cpu_count()} cores"
-          + (f"; {names[0]} with {' '.join(args.example_args)}" if args.example_args else ""), flush=True)
+          + (f"; {names[0]} with {' '.join(args.example_args)}" if args.example_args else "")
+          + (f", against {' '.join(args.versus_args) or 'no flags'}" if args.versus_args is not None else ""),
+          flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         rounds = []
         for r in range(args.repeat):  # each round in its own folder: a run must not find the last one's metrics
@@ -657,9 +694,14 @@ def main():
         ratios = measure_overhead(row["example"], args)
         row.update(overhead=statistics.median(ratios), overhead_range=[min(ratios), max(ratios)],
                    overhead_pairs=ratios)
+        if args.versus_args is not None:
+            ratios = measure_overhead(row["example"], args, args.versus_args)
+            row.update(overhead_versus=statistics.median(ratios), overhead_versus_range=[min(ratios), max(ratios)],
+                       overhead_versus_pairs=ratios)
 
     report = dict(date=started, cpu_count=os.cpu_count(), repeat=args.repeat, epochs=args.epochs,
-                  steps=args.steps, batch_size=args.batch_size, example_args=args.example_args, knobs=knob_settings(),
+                  steps=args.steps, batch_size=args.batch_size, example_args=args.example_args,
+                  versus_args=args.versus_args, knobs=knob_settings(),
                   breakdown=parts, allreduce=wire, examples=examples, rounds=rounds)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2))
@@ -688,6 +730,21 @@ def print_table(report):
             lo, hi = r["knob_speedup_range"]
             print(f"  {r['example']:>19}: {r['samples_per_s_2']:.0f} vs {r['samples_per_s_2_library_defaults']:.0f} "
                   f"samples/s, x{r['knob_speedup']:.2f} ({lo:.2f}-{hi:.2f})")
+    for r in report["examples"]:
+        if "versus_speedup_2" in r:
+            mine, other = " ".join(report["example_args"]) or "no flags", " ".join(report["versus_args"]) or "no flags"
+            print(f"\n{r['example']} with {mine} against {other} (the second's numbers after 'vs'; ratios taken "
+                  "within each round):")
+            for n, what in (("1", "1 rank"), ("2", "2 ranks")):
+                lo, hi = r[f"versus_speedup_{n}_range"]
+                print(f"  {what:>19}: {r[f'samples_per_s_{n}']:.0f} vs {r[f'samples_per_s_{n}_versus']:.0f} "
+                      f"samples/s, x{r[f'versus_speedup_{n}']:.2f} ({lo:.2f}-{hi:.2f})")
+            lo, hi = r["relative_to_ceiling_versus_range"]
+            print(f"  {'2 ranks / ceiling':>19}: {r['relative_to_ceiling']:.2f} vs {r['relative_to_ceiling_versus']:.2f}"
+                  f" ({lo:.2f}-{hi:.2f})")
+            lo, hi = r["overhead_versus_range"]
+            print(f"  {'overhead':>19}: {100 * r['overhead']:+.1f}% vs {100 * r['overhead_versus']:+.1f}% "
+                  f"({100 * lo:+.1f}..{100 * hi:+.1f})")
     launchers = [r for r in report["examples"] if "efficiency_mpiexec" in r]
     if launchers:
         print("\nthe Horovod examples at 2 ranks by launcher: horovodrun --gloo (gloo over loopback TCP) "

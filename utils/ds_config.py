@@ -62,8 +62,8 @@ def read(args, world_size, default_path):
 
 def norm_needed(ds):
     """Why DeepSpeed needs the global gradient norm that this (parsed) config skips; None if it may skip it.
-    The shipped file skips it (`compute_grad_norm: false`): with clipping off nothing reads it, and computing
-    it costs about 1.5% of a one-rank step (README, Performance). DeepSpeed's parser itself refuses the skip
+    The shipped file skips it (`compute_grad_norm: false`): with clipping off nothing reads it (what skipping
+    it saves is within this machine's run-to-run noise: README, Performance). DeepSpeed's parser refuses the skip
     outside stages 1-2; these cases it refuses only later, with a traceback from deepspeed.initialize."""
     from deepspeed.runtime.config import DtypeEnum
     if ds.zero_config.compute_grad_norm:
