@@ -139,7 +139,7 @@ def test_every_round_is_measured_in_full(tmp_path):
     out = tmp_path / "latest.json"
     result = check(run([sys.executable, ROOT / "utils/bench.py", "--quick", "--repeat", "2", "--only", "ddp",
                         "--versus=--seed 3", "--out", out], timeout=600))
-    assert "ddp with no flags against --seed 3" in result.stdout, result.stdout
+    assert "; ddp with no flags, against --seed 3" in result.stdout, result.stdout
     report = json.loads(out.read_text())
     assert report["versus_args"] == ["--seed", "3"]
     for r in [round_["examples"][0] for round_ in report["rounds"]]:
@@ -213,7 +213,7 @@ def test_an_examples_short_flag_is_not_taken_for_the_benchs_own():
 
 
 def test_versus_runs_the_example_with_the_other_flags_taking_turns(tmp_path, monkeypatch):
-    """`--only deepspeed --zero-stage 2 --versus '--zero-stage 0'`: every round runs the example with each set of
+    """`--only deepspeed --zero-stage 2 --versus='--zero-stage 0'`: every round runs the example with each set of
     flags at 1 and 2 ranks (the versus runs with their flags only), the two taking turns going first, and the row
     holds the ratios taken within the round. Commands recorded, not run; the versus runs report 80 samples/s."""
     commands = []
@@ -223,7 +223,7 @@ def test_versus_runs_the_example_with_the_other_flags_taking_turns(tmp_path, mon
     monkeypatch.setattr(bench, "history", lambda log_dir: [{"samples_per_s": 80.0 if "versus" in log_dir.name
                                                             else 100.0}] * 2)
     monkeypatch.setattr(bench, "watch_cpu", lambda *a: type("NoWatch", (), {"result": lambda self: None})())
-    args = bench.parse_args(["--quick", "--only", "deepspeed", "--zero-stage", "2", "--versus", "--zero-stage 0"])
+    args = bench.parse_args(["--quick", "--only", "deepspeed", "--zero-stage", "2", "--versus=--zero-stage 0"])
     assert args.example_args == ["--zero-stage", "2"] and args.versus_args == ["--zero-stage", "0"]
     orders = []
     for round_no in (1, 2):
@@ -240,6 +240,11 @@ def test_versus_runs_the_example_with_the_other_flags_taking_turns(tmp_path, mon
     assert orders == [2, 0]  # round 1: the bench's flags first; round 2: the versus flags first
     assert bench.measure_overhead("deepspeed", args, args.versus_args) == [0.01]
     assert commands[-1][-2:] == ["--zero-stage", "0"] and "--overhead" in commands[-1]
+
+
+def test_versus_rounds_default_to_an_even_count():
+    assert bench.parse_args(["--only", "ddp", "--versus=--seed 3"]).repeat == 4
+    assert bench.parse_args(["--only", "ddp"]).repeat == 3
 
 
 def test_versus_needs_one_example_and_not_the_flags_the_bench_sets(capsys):

@@ -126,9 +126,13 @@ def measure_example(name, args, work, port, flags=None, tag=""):
     one = work / f"{name}-1{tag}"
     proc = launch([PY, ROOT / script, *example_flags(args, one), *flags], args.timeout)
     cpu_1 = watch_cpu(proc[0], script, one, args.epochs)
-    wait(*proc, f"{name} 1 rank{tag}")
+    wait(*proc, f"{name} 1 rank{described(tag)}")
     two, cpu_2 = measure_two_ranks(name, args, work, port, tag=tag, flags=flags)
     return steady_throughput(history(one)), two, kind, cpu_1.result(), cpu_2
+
+
+def described(tag):
+    return f" ({tag.lstrip('-')})" if tag else ""
 
 
 def measure_two_ranks(name, args, work, port, extra_env=None, tag="", prefix=None, flags=None):
@@ -139,7 +143,7 @@ def measure_two_ranks(name, args, work, port, extra_env=None, tag="", prefix=Non
     proc = launch([*(prefix or two_rank_prefix)(port), ROOT / script, *example_flags(args, two), *flags],
                   args.timeout, extra_env)
     cpu = watch_cpu(proc[0], script, two, args.epochs)
-    wait(*proc, f"{name} 2 ranks{tag}")
+    wait(*proc, f"{name} 2 ranks{described(tag)}")
     return steady_throughput(history(two)), cpu.result()
 
 
@@ -619,8 +623,9 @@ def parse_args(argv=None):
     parser.add_argument("--no-knobs", action="store_true", help="skip the runs with the libraries' defaults")
     parser.add_argument("--versus", metavar="FLAGS",
                         help="with one --only example: every round also runs it with these flags instead of the "
-                             "example flags given to the bench (e.g. --versus='--zero-stage 0'; '' for none), "
-                             "the two taking turns going first, and the report gives their ratios round by round")
+                             "example flags given to the bench, the two taking turns going first (so 4 rounds "
+                             "unless --repeat), and the report gives their ratios round by round. Use the = form: "
+                             "--versus='--zero-stage 0' (--versus='' for no flags)")
     parser.add_argument("--only", nargs="*", choices=list(EXAMPLES), help="measure only these examples")
     parser.add_argument("--out", default=str(ROOT / "runs" / "bench" / "latest.json"))
     parser.add_argument("--timeout", type=int, default=600)
@@ -645,8 +650,8 @@ def parse_args(argv=None):
              and any(name.startswith(f.split("=")[0]) for name in BENCH_SETS)]  # the examples take abbreviations
     if taken:
         parser.error(f"{' '.join(taken)}: the bench sets this flag itself in every run (see --help)")
-    if args.repeat is None:
-        args.repeat = 1 if args.quick else 3
+    if args.repeat is None:  # --versus: an even count, so that each set of flags goes first as often
+        args.repeat = 1 if args.quick else 4 if args.versus_args is not None else 3
     if args.repeat < 1 or args.epochs < 2 or args.steps < 1 or args.pairs < 1 or args.part_steps < 1:
         parser.error("--repeat, --steps, --pairs and --part-steps must be at least 1, --epochs at least 2 "
                      "(the first is warm-up)")
@@ -676,7 +681,8 @@ def main():
     started = time.strftime("%Y-%m-%d %H:%M")
     print(f"bench: {len(names)} example(s), {args.repeat} round(s) of {args.epochs} epochs x {args.steps} steps, "
           f"batch {args.batch_size} per rank, 1 thread per rank, on {os.cpu_count()} cores"
-          + (f"; {names[0]} with {' '.join(args.example_args)}" if args.example_args else "")
+          + (f"; {names[0]} with {' '.join(args.example_args) or 'no flags'}"
+             if args.example_args or args.versus_args is not None else "")
           + (f", against {' '.join(args.versus_args) or 'no flags'}" if args.versus_args is not None else ""),
           flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
@@ -739,12 +745,13 @@ def print_table(report):
                 lo, hi = r[f"versus_speedup_{n}_range"]
                 print(f"  {what:>19}: {r[f'samples_per_s_{n}']:.0f} vs {r[f'samples_per_s_{n}_versus']:.0f} "
                       f"samples/s, x{r[f'versus_speedup_{n}']:.2f} ({lo:.2f}-{hi:.2f})")
-            lo, hi = r["relative_to_ceiling_versus_range"]
-            print(f"  {'2 ranks / ceiling':>19}: {r['relative_to_ceiling']:.2f} vs {r['relative_to_ceiling_versus']:.2f}"
-                  f" ({lo:.2f}-{hi:.2f})")
-            lo, hi = r["overhead_versus_range"]
-            print(f"  {'overhead':>19}: {100 * r['overhead']:+.1f}% vs {100 * r['overhead_versus']:+.1f}% "
-                  f"({100 * lo:+.1f}..{100 * hi:+.1f})")
+            (lo, hi), (vlo, vhi) = r["relative_to_ceiling_range"], r["relative_to_ceiling_versus_range"]
+            print(f"  {'2 ranks / ceiling':>19}: {r['relative_to_ceiling']:.2f} ({lo:.2f}-{hi:.2f}) vs "
+                  f"{r['relative_to_ceiling_versus']:.2f} ({vlo:.2f}-{vhi:.2f})")
+            (lo, hi), (vlo, vhi) = r["overhead_range"], r["overhead_versus_range"]
+            print(f"  {'overhead':>19}: {100 * r['overhead']:+.1f}% ({100 * lo:+.1f}..{100 * hi:+.1f}) vs "
+                  f"{100 * r['overhead_versus']:+.1f}% ({100 * vlo:+.1f}..{100 * vhi:+.1f}) (measured one after "
+                  "the other, after the rounds)")
     launchers = [r for r in report["examples"] if "efficiency_mpiexec" in r]
     if launchers:
         print("\nthe Horovod examples at 2 ranks by launcher: horovodrun --gloo (gloo over loopback TCP) "
