@@ -175,16 +175,25 @@ def test_an_unknown_flag_is_refused_unless_it_goes_to_one_examples_overhead():
     assert result.returncode == 2 and "and --part-steps must be at least 1" in result.stderr, result.stderr
 
 
-def test_example_flags_reach_every_run_of_that_example_and_no_other(tmp_path, monkeypatch):
-    """`--only horovod-pytorch --seed 7`: the flags go to every command the bench starts for that example (1 rank,
-    2 ranks, the library defaults, mpiexec, the overhead), never to the ceiling's independent DDP runs. The
-    commands are recorded, not run."""
+@pytest.fixture
+def recorded_launches(monkeypatch):
+    """The bench's launches recorded instead of run: every run reports 100 samples/s (80 in a `-versus` log
+    folder), every overhead measurement the ratios [0.01]. Returns the list the commands go to."""
     commands = []
     monkeypatch.setattr(bench, "launch", lambda cmd, timeout, extra_env=None: (commands.append(list(map(str, cmd))),
                                                                                 timeout))
     monkeypatch.setattr(bench, "wait", lambda proc, timeout, what: '{"ratios": [0.01]}')
-    monkeypatch.setattr(bench, "history", lambda log_dir: [{"samples_per_s": 100.0}] * 2)
+    monkeypatch.setattr(bench, "history", lambda log_dir: [{"samples_per_s": 80.0 if "versus" in log_dir.name
+                                                            else 100.0}] * 2)
     monkeypatch.setattr(bench, "watch_cpu", lambda *a: type("NoWatch", (), {"result": lambda self: None})())
+    return commands
+
+
+def test_example_flags_reach_every_run_of_that_example_and_no_other(tmp_path, recorded_launches):
+    """`--only horovod-pytorch --seed 7`: the flags go to every command the bench starts for that example (1 rank,
+    2 ranks, the library defaults, mpiexec, the overhead), never to the ceiling's independent DDP runs. The
+    commands are recorded, not run."""
+    commands = recorded_launches
     args = bench.parse_args(["--quick", "--only", "horovod-pytorch", "--seed", "7"])
     assert args.example_args == ["--seed", "7"]
     bench.measure_round(args.only, args, tmp_path, 1)
@@ -212,17 +221,11 @@ def test_an_examples_short_flag_is_not_taken_for_the_benchs_own():
     assert args.steps == 40 and args.example_args == ["--s", "3"] and args.only == ["ddp"]
 
 
-def test_versus_runs_the_example_with_the_other_flags_taking_turns(tmp_path, monkeypatch):
+def test_versus_runs_the_example_with_the_other_flags_taking_turns(tmp_path, recorded_launches):
     """`--only deepspeed --zero-stage 2 --versus='--zero-stage 0'`: every round runs the example with each set of
     flags at 1 and 2 ranks (the versus runs with their flags only), the two taking turns going first, and the row
     holds the ratios taken within the round. Commands recorded, not run; the versus runs report 80 samples/s."""
-    commands = []
-    monkeypatch.setattr(bench, "launch", lambda cmd, timeout, extra_env=None: (commands.append(list(map(str, cmd))),
-                                                                                timeout))
-    monkeypatch.setattr(bench, "wait", lambda proc, timeout, what: '{"ratios": [0.01]}')
-    monkeypatch.setattr(bench, "history", lambda log_dir: [{"samples_per_s": 80.0 if "versus" in log_dir.name
-                                                            else 100.0}] * 2)
-    monkeypatch.setattr(bench, "watch_cpu", lambda *a: type("NoWatch", (), {"result": lambda self: None})())
+    commands = recorded_launches
     args = bench.parse_args(["--quick", "--only", "deepspeed", "--zero-stage", "2", "--versus=--zero-stage 0"])
     assert args.example_args == ["--zero-stage", "2"] and args.versus_args == ["--zero-stage", "0"]
     orders = []
