@@ -28,6 +28,11 @@ all-reduce of the gradients' size is timed alone by each way the examples move t
                                      # take turns going first); speed-ups and overheads of the two side by side
     python utils/bench.py --overhead deepspeed [--zero-stage 0 | --deepspeed_config FILE ...]
                                      # one example's overhead alone; flags after it go to the example
+    python utils/bench.py --phases [--only ddp ...]
+                                     # where a PyTorch example's step goes: its own training loop, run
+                                     # unchanged under utils/phases.py at 1 and 2 ranks, timed phase by phase
+                                     # (forward, backward, waiting for the all-reduce, optimizer); only this,
+                                     # written to runs/bench/phases.json
 """
 import argparse
 import itertools
@@ -309,6 +314,79 @@ def breakdown(steps, batch_size):
         print(json.dumps({"ms_per_step": ms, "fraction": {k: v / step_ms for k, v in ms.items()},
                           "step_ms": step_ms}), flush=True)
     shutdown_gloo()
+
+
+# --- --phases: the examples' own steps at 1 and 2 ranks, phase by phase (utils/phases.py) ---------------------
+# The breakdown above runs its phases one after another; in the examples communication overlaps backward (and
+# takes CPU from it), so where a 2-rank step loses its time shows only in their own loops, timed as they run.
+PHASE_NAMES = ("step", "forward", "backward", "wait", "optimizer", "other")
+
+
+def phase_means(records, first_epoch=2):
+    """{phase: mean ms per step} over the steps of the epochs after the warm-up (the means add up to the step)."""
+    steady = [r for r in records if r["epoch"] >= first_epoch]
+    if not steady:
+        raise SystemExit("bench: no steps after the warm-up epoch were timed")
+    return {k: 1000 * sum(r[k] for r in steady) / len(steady) for k in PHASE_NAMES}
+
+
+def measure_phases(name, args, work, port):
+    """{"1": phase means on rank 0 at 1 rank, "2": the same at 2 ranks[, "2_mpiexec": under mpiexec (Horovod)]}"""
+    script, two_rank_prefix, _ = EXAMPLES[name]
+    means = {}
+    runs = [("1", [PY]), ("2", two_rank_prefix(port))]
+    if name in MPIEXEC_LAUNCHES:
+        runs.append(("2_mpiexec", MPIEXEC_LAUNCHES[name](port)))
+    for ranks, prefix in runs:
+        out = work / f"{name}-phases-{ranks}"
+        wait(*launch([*prefix, ROOT / "utils" / "phases.py", ROOT / script, *example_flags(args, out),
+                      *args.example_args], args.timeout, {"PHASES_OUT": str(out)}), f"{name} phases, {ranks} rank(s)")
+        means[ranks] = phase_means(json.loads(Path(f"{out}-rank0.json").read_text())["records"])
+    return means
+
+
+def run_phases(args, names, tmp):
+    rounds = []
+    for r in range(args.repeat):
+        work = Path(tmp) / f"phases-{r + 1}"
+        work.mkdir()
+        print(f"  round {r + 1}: " + ", ".join(names) + " at 1 and 2 ranks, phase by phase ...", flush=True)
+        rounds.append({name: measure_phases(name, args, work, 29690 + i) for i, name in enumerate(names)})
+    medians = {name: {ranks: {k: statistics.median(rnd[name][ranks][k] for rnd in rounds) for k in PHASE_NAMES}
+                      for ranks in rounds[0][name]} for name in names}
+    return medians, step_costs(rounds), rounds
+
+
+def step_costs(rounds):
+    """Per example and 2-rank run: what the 2-rank step costs more than the 1-rank step (ms), and the efficiency
+    from step times (1-rank step / 2-rank step), each taken within a round: medians over rounds and ranges."""
+    costs = {}
+    for name, by_ranks in rounds[0].items():
+        for ranks in by_ranks:
+            if ranks == "1":
+                continue
+            extra = [rnd[name][ranks]["step"] - rnd[name]["1"]["step"] for rnd in rounds]
+            ratio = [rnd[name]["1"]["step"] / rnd[name][ranks]["step"] for rnd in rounds]
+            costs.setdefault(name, {})[ranks] = dict(
+                extra_ms=statistics.median(extra), extra_ms_range=[min(extra), max(extra)],
+                step_efficiency=statistics.median(ratio), step_efficiency_range=[min(ratio), max(ratio)])
+    return costs
+
+
+def print_phases(report):
+    print(f"\nrank 0's step by phase, ms (mean over the steps of a run, median over {report['repeat']} round(s)):"
+          " 1 rank -> 2 ranks (difference)")
+    for name, by_ranks in report["phases"].items():
+        one = by_ranks["1"]
+        for ranks, label in (("2", name), ("2_mpiexec", "(mpiexec)")):
+            if ranks in by_ranks:
+                two = by_ranks[ranks]
+                print(f"  {label:>16}: " + ", ".join(f"{k} {one[k]:.1f} -> {two[k]:.1f} ({two[k] - one[k]:+.1f})"
+                                                     for k in PHASE_NAMES))
+                c = report["step_costs"][name][ranks]
+                (lo, hi), (elo, ehi) = c["extra_ms_range"], c["step_efficiency_range"]
+                print(f"  {'':>16}  within rounds: the 2-rank step {c['extra_ms']:+.1f} ms ({lo:+.1f}..{hi:+.1f}), "
+                      f"1-rank step / 2-rank step {c['step_efficiency']:.2f} ({elo:.2f}-{ehi:.2f}; the efficiency)")
 
 
 # --- one all-reduce of the model's gradients, by each way the examples move them ---------------------------
@@ -627,11 +705,15 @@ def parse_args(argv=None):
                              "unless --repeat), and the report gives their ratios round by round. Use the = form: "
                              "--versus='--zero-stage 0' (--versus='' for no flags)")
     parser.add_argument("--only", nargs="*", choices=list(EXAMPLES), help="measure only these examples")
-    parser.add_argument("--out", default=str(ROOT / "runs" / "bench" / "latest.json"))
+    parser.add_argument("--out", help="the JSON report (default runs/bench/latest.json, with --phases "
+                                      "runs/bench/phases.json)")
     parser.add_argument("--timeout", type=int, default=600)
     parser.add_argument("--pairs", type=int, default=6, help="timed example/bare epoch pairs for the overhead")
     parser.add_argument("--part-steps", type=int, default=1,
                         help="the overhead's example and bare loop take turns every this many steps")
+    parser.add_argument("--phases", action="store_true",
+                        help="only time the PyTorch examples' own steps phase by phase at 1 and 2 ranks "
+                             "(utils/phases.py), written to runs/bench/phases.json unless --out")
     parser.add_argument("--overhead", choices=list(EXAMPLES), help=argparse.SUPPRESS)
     parser.add_argument("--breakdown", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--allreduce", choices=["torch-gloo", "horovod", "mpi4py"], help=argparse.SUPPRESS)
@@ -650,6 +732,9 @@ def parse_args(argv=None):
              and any(name.startswith(f.split("=")[0]) for name in BENCH_SETS)]  # the examples take abbreviations
     if taken:
         parser.error(f"{' '.join(taken)}: the bench sets this flag itself in every run (see --help)")
+    if args.phases and (args.versus_args is not None or "horovod-tensorflow" in (args.only or ())):
+        parser.error("--phases times the PyTorch examples (TensorFlow runs its step as one graph), without --versus")
+    args.out = args.out or str(ROOT / "runs" / "bench" / ("phases.json" if args.phases else "latest.json"))
     if args.repeat is None:  # --versus: an even count, so that each set of flags goes first as often
         args.repeat = 1 if args.quick else 4 if args.versus_args is not None else 3
     if args.repeat < 1 or args.epochs < 2 or args.steps < 1 or args.pairs < 1 or args.part_steps < 1:
@@ -679,6 +764,20 @@ def main():
 
     names = args.only or list(EXAMPLES)
     started = time.strftime("%Y-%m-%d %H:%M")
+    if args.phases:
+        names = [n for n in names if EXAMPLES[n][2] == "torch"]
+        print(f"bench --phases: {', '.join(names)}, {args.repeat} round(s) of {args.epochs} epochs x {args.steps} "
+              f"steps, batch {args.batch_size} per rank, 1 thread per rank", flush=True)
+        with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+            phases, costs, rounds = run_phases(args, names, tmp)
+        report = dict(date=started, cpu_count=os.cpu_count(), repeat=args.repeat, epochs=args.epochs,
+                      steps=args.steps, batch_size=args.batch_size, example_args=args.example_args,
+                      knobs=knob_settings(), phases=phases, step_costs=costs, rounds=rounds)
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(report, indent=2))
+        print_phases(report)
+        print(f"\nwritten to {args.out}")
+        return
     print(f"bench: {len(names)} example(s), {args.repeat} round(s) of {args.epochs} epochs x {args.steps} steps, "
           f"batch {args.batch_size} per rank, 1 thread per rank, on {os.cpu_count()} cores"
           + (f"; {names[0]} with {' '.join(args.example_args) or 'no flags'}"

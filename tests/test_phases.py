@@ -1,0 +1,127 @@
+"""utils/phases.py (an example's own step timed phase by phase) and `bench.py --phases`."""
+import json
+import sys
+
+import pytest
+
+from conftest import ROOT, check, metrics, python, run
+
+sys.path.append(str(ROOT))
+from utils import bench, phases  # noqa: E402
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+    def advance(self, seconds):
+        self.now += seconds
+
+
+def test_each_phase_counts_its_own_time_and_a_step_ends_with_the_outermost_optimizer_call():
+    clock = FakeClock()
+    timer = phases.StepTimer(clock)
+
+    def work(seconds, inner=None):
+        def call():
+            clock.advance(seconds)
+            if inner:
+                inner()
+        return call
+
+    synchronize = timer.wrap("wait", work(0.004))
+    inner_step = timer.wrap("optimizer", work(0.001))
+    hvd_step = timer.wrap("optimizer", work(0.0005, lambda: (synchronize(), inner_step())))  # Horovod's step
+    forward, backward = timer.wrap("forward", work(0.030)), timer.wrap("backward", work(0.050))
+    timer.start_epoch()
+    clock.advance(0.002)  # indexing the batch: no phase of its own
+    forward()
+    backward()
+    inner_step()  # a nested-looking call at top level ends a step too (DDP's SGD.step)
+    assert len(timer.records) == 1
+    forward()
+    backward()
+    clock.advance(0.001)
+    hvd_step()
+    first, second = timer.records
+    assert first == pytest.approx({"epoch": 1, "step": 0.083, "forward": 0.030, "backward": 0.050, "wait": 0.0,
+                                   "optimizer": 0.001, "other": 0.002})
+    # the step's own 0.5 ms and the SGD step's 1 ms are the optimizer; synchronize's 4 ms is waiting
+    assert second == pytest.approx({"epoch": 1, "step": 0.0865, "forward": 0.030, "backward": 0.050, "wait": 0.004,
+                                    "optimizer": 0.0015, "other": 0.001})
+    clock.advance(1.0)  # evaluation between epochs
+    forward()
+    timer.start_epoch()  # ... belongs to no step
+    forward()
+    backward()
+    inner_step()
+    assert timer.records[2] == pytest.approx({"epoch": 2, "step": 0.081, "forward": 0.030, "backward": 0.050,
+                                              "wait": 0.0, "optimizer": 0.001, "other": 0.0})
+
+
+def test_phase_means_skip_the_warm_up_epoch_and_add_up_to_the_step():
+    records = [{"epoch": 1, "step": 9.0, "forward": 9.0, "backward": 0.0, "wait": 0.0, "optimizer": 0.0, "other": 0.0}]
+    records += [{"epoch": 2, "step": s, "forward": s / 2, "backward": s / 4, "wait": 0.0, "optimizer": s / 8,
+                 "other": s / 8} for s in (0.08, 0.12)]
+    means = bench.phase_means(records)
+    assert means == pytest.approx({"step": 100.0, "forward": 50.0, "backward": 25.0, "wait": 0.0,
+                                   "optimizer": 12.5, "other": 12.5})
+    with pytest.raises(SystemExit, match="no steps after the warm-up"):
+        bench.phase_means(records[:1])
+
+
+def test_the_wrapped_example_trains_exactly_as_it_does_alone(tmp_path):
+    """The timers wrap calls and change nothing: same seed, same losses, step by step of the log."""
+    flags = ["--epochs", "2", "--max-steps", "4", "--log-interval", "1000", "--num-threads", "1"]
+    check(run(python("DDP/main.py", *flags, "--log-dir", tmp_path / "alone"), timeout=300))
+    result = check(run(python("utils/phases.py", "DDP/main.py", *flags, "--log-dir", tmp_path / "timed"),
+                       timeout=300, env={"PHASES_OUT": str(tmp_path / "phases")}))
+    alone, timed = metrics(tmp_path / "alone"), metrics(tmp_path / "timed")
+    assert [m["train_loss"] for m in timed] == [m["train_loss"] for m in alone], result.stdout
+    records = json.loads((tmp_path / "phases-rank0.json").read_text())["records"]
+    assert [r["epoch"] for r in records] == [1] * 4 + [2] * 4  # every step of both epochs, and no other
+
+
+def test_a_script_that_is_not_a_pytorch_example_is_refused(tmp_path):
+    result = run(python("utils/phases.py", "horovod/tensorflow/main.py"), timeout=60,
+                 env={"PHASES_OUT": str(tmp_path / "p")})
+    assert result.returncode == 1 and "is not a PyTorch example" in result.stderr, result.stderr
+    result = run(python("utils/phases.py", "DDP/main.py"), timeout=60)  # PHASES_OUT unset
+    assert result.returncode == 1 and "usage: PHASES_OUT=" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("argv", [["--phases", "--only", "horovod-tensorflow"],
+                                  ["--phases", "--only", "ddp", "--versus=--seed 3"]])
+def test_phases_refuses_tensorflow_and_versus(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        bench.parse_args(argv)
+    assert exc.value.code == 2 and "--phases times the PyTorch examples" in capsys.readouterr().err
+
+
+def test_phases_quick_times_every_pytorch_example_under_its_launcher(tmp_path):
+    """End to end under torchrun, horovodrun and deepspeed: rank 0's phases at 1 and 2 ranks, means that add up
+    to the step, and the communication where each framework puts it."""
+    out = tmp_path / "phases.json"
+    check(run(python("utils/bench.py", "--phases", "--quick", "--out", out), timeout=600))
+    report = json.loads(out.read_text())
+    assert set(report["phases"]) == {"ddp", "horovod-pytorch", "deepspeed"} and len(report["rounds"]) == 1
+    for name, by_ranks in report["phases"].items():
+        # the Horovod example also at 2 ranks under mpiexec (MPI moves the gradients), as in the rest of the bench
+        assert set(by_ranks) == ({"1", "2", "2_mpiexec"} if name == "horovod-pytorch" else {"1", "2"}), name
+        for ranks, p in by_ranks.items():
+            assert p["step"] == pytest.approx(sum(p[k] for k in ("forward", "backward", "wait", "optimizer",
+                                                                  "other"))), (name, ranks, p)
+            assert p["forward"] > 1 and p["backward"] > 1 and p["optimizer"] > 0, (name, ranks, p)
+            assert p["other"] >= 0, (name, ranks, p)
+        if name != "horovod-pytorch":  # only Horovod's step waits in synchronize()
+            assert by_ranks["1"]["wait"] == by_ranks["2"]["wait"] == 0, (name, by_ranks)
+        for ranks, cost in report["step_costs"][name].items():  # one round: its own difference and ratio
+            one, two = by_ranks["1"]["step"], by_ranks[ranks]["step"]
+            assert cost["extra_ms"] == pytest.approx(two - one) and cost["extra_ms_range"] == [cost["extra_ms"]] * 2
+            assert cost["step_efficiency"] == pytest.approx(one / two), (name, ranks, cost)
+    hvd = report["phases"]["horovod-pytorch"]
+    # synchronize() is timed at 1 rank too; at 2 ranks the gradients really travel before the step
+    assert min(hvd["2"]["wait"], hvd["2_mpiexec"]["wait"]) > hvd["1"]["wait"] > 0, hvd

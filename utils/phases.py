@@ -1,0 +1,145 @@
+#!/usr/bin/env python
+"""Run a PyTorch example unchanged, timing the phases of each training step on each rank.
+
+    python utils/phases.py DDP/main.py --epochs 3 ...                        (one rank)
+    torchrun --nproc_per_node 2 utils/phases.py DDP/main.py ...             (any launcher, any rank count)
+
+Before the example runs, the calls that make up a step are wrapped with timers (the example's code is not
+touched): the model's forward, `backward` (DeepSpeed: `engine.backward`), Horovod's `synchronize` (waiting for
+the all-reduces that backward started), and the optimizer's `step` (DeepSpeed: `engine.step`). Each phase
+counts its own time only: Horovod's `step` calls `synchronize`, which counts as waiting, not as the optimizer.
+A step ends when the outermost optimizer step returns (DeepSpeed's engine.step runs once per micro-batch: with
+--grad-accum a "step" here is a micro-batch); *other* is what is left of the step (indexing the batch, the loss,
+reading it with .item(), zero_grad, setting the learning rate). Where the communication happens:
+DDP all-reduces during backward and waits for the last bucket at its end, so its communication lands in
+*backward*; Horovod's all-reduces run on its background thread, and what is not done when backward ends
+lands in *wait*; DeepSpeed reduces the gradients in engine.backward and, at ZeRO stage 1 and 2, gathers the
+updated weights in engine.step.
+
+Each rank writes {"rank", "records": [{"epoch", "step", phase: seconds, ...}, ...]} to $PHASES_OUT-rank{R}.json
+when the example ends. `python utils/bench.py --phases` runs the examples so at 1 and 2 ranks and compares.
+"""
+import functools
+import json
+import os
+import runpy
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PHASES = ("forward", "backward", "wait", "optimizer")
+
+
+class StepTimer:
+    """Self time of each phase per step; a step ends when the outermost optimizer call returns."""
+
+    def __init__(self, clock=time.perf_counter):
+        self.clock = clock
+        self.records = []
+        self.epoch = 0
+        self.current = defaultdict(float)
+        self.nested = []  # for each timed call in progress: the time of the timed calls inside it
+        self.step_start = clock()
+
+    def start_epoch(self):
+        """A new epoch: its first step starts now (evaluation and logging in between are no step's)."""
+        self.epoch += 1
+        self.current.clear()
+        self.step_start = self.clock()
+
+    def wrap(self, phase, fn):
+        @functools.wraps(fn)
+        def timed(*args, **kwargs):
+            start = self.clock()
+            self.nested.append(0.0)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                elapsed = self.clock() - start
+                self.current[phase] += elapsed - self.nested.pop()
+                if self.nested:
+                    self.nested[-1] += elapsed
+                elif phase == "optimizer":
+                    self.end_step()
+        return timed
+
+    def end_step(self):
+        now = self.clock()
+        record = {"epoch": self.epoch, "step": now - self.step_start, **{p: self.current[p] for p in PHASES}}
+        record["other"] = record["step"] - sum(record[p] for p in PHASES)
+        self.records.append(record)
+        self.current.clear()
+        self.step_start = now
+
+
+def patch(timer, framework):
+    """Wrap the calls of a step in `framework`'s example (classes are patched before the example builds
+    anything, so every instance, and Horovod's optimizer class made from them, gets the timers)."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel
+
+    from utils import log
+    from utils.torch_utils import Net
+
+    original_init = log.Progress.__init__
+
+    def progress_init(self, *args, **kwargs):  # every example opens a Progress at the start of each epoch
+        timer.start_epoch()
+        original_init(self, *args, **kwargs)
+    log.Progress.__init__ = progress_init
+
+    for cls, name, phase in [(Net, "forward", "forward"), (DistributedDataParallel, "forward", "forward"),
+                             (torch.Tensor, "backward", "backward"), (torch.optim.SGD, "step", "optimizer"),
+                             (torch.optim.Adam, "step", "optimizer")]:
+        setattr(cls, name, timer.wrap(phase, getattr(cls, name)))
+    if framework == "horovod":
+        from horovod.torch.optimizer import _DistributedOptimizer
+        _DistributedOptimizer.step = timer.wrap("optimizer", _DistributedOptimizer.step)
+        _DistributedOptimizer.synchronize = timer.wrap("wait", _DistributedOptimizer.synchronize)
+    if framework == "deepspeed":
+        from deepspeed.runtime.engine import DeepSpeedEngine
+        for name, phase in [("forward", "forward"), ("backward", "backward"), ("step", "optimizer")]:
+            setattr(DeepSpeedEngine, name, timer.wrap(phase, getattr(DeepSpeedEngine, name)))
+
+
+def framework_of(script):
+    parts = Path(script).resolve().relative_to(ROOT).parts
+    if parts[:2] == ("horovod", "pytorch"):
+        return "horovod"
+    if parts[0] in ("DDP", "deepspeed"):
+        return parts[0].lower()
+    sys.exit(f"error: phases: {script} is not a PyTorch example (DDP/, horovod/pytorch/, deepspeed/ main.py)")
+
+
+def rank_from_env():
+    for name in ("RANK", "HOROVOD_RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK"):
+        if os.environ.get(name, "").isdigit():
+            return int(os.environ[name])
+    return 0
+
+
+def main():
+    args = sys.argv[1:]
+    script = next((a for a in args if a.endswith(".py")), None)  # the deepspeed launcher puts --local_rank first
+    out = os.environ.get("PHASES_OUT")
+    if script is None or not out:
+        sys.exit("usage: PHASES_OUT=PREFIX python utils/phases.py EXAMPLE/main.py [its flags]")
+    # The example sees what `python EXAMPLE/main.py` would give it: its own folder first on the path (never
+    # utils/, whose modules would stand as top-level names), the repo root last.
+    sys.path[0] = str(Path(script).resolve().parent)
+    sys.path.append(str(ROOT))
+    framework = framework_of(script)
+    timer = StepTimer()
+    patch(timer, framework)
+    sys.argv = [script] + [a for a in args if a != script]
+    try:
+        runpy.run_path(script, run_name="__main__")
+    finally:
+        Path(f"{out}-rank{rank_from_env()}.json").write_text(
+            json.dumps({"rank": rank_from_env(), "framework": framework, "records": timer.records}))
+
+
+if __name__ == "__main__":
+    main()
