@@ -331,7 +331,8 @@ def phase_means(records, first_epoch=2):
 
 
 def measure_phases(name, args, work, port):
-    """{"1": phase means on rank 0 at 1 rank, "2": the same at 2 ranks[, "2_mpiexec": under mpiexec (Horovod)]}"""
+    """{"1": phase means on rank 0 at 1 rank, "2": the same at 2 ranks[, "2_mpiexec": under mpiexec (Horovod)]},
+    each with "wait_by_rank": every rank's mean wait (rank 0's includes waiting for a slower rank 1, and so on)"""
     script, two_rank_prefix, _ = EXAMPLES[name]
     means = {}
     runs = [("1", [PY]), ("2", two_rank_prefix(port))]
@@ -341,7 +342,9 @@ def measure_phases(name, args, work, port):
         out = work / f"{name}-phases-{ranks}"
         wait(*launch([*prefix, ROOT / "utils" / "phases.py", ROOT / script, *example_flags(args, out),
                       *args.example_args], args.timeout, {"PHASES_OUT": str(out)}), f"{name} phases, {ranks} rank(s)")
-        means[ranks] = phase_means(json.loads(Path(f"{out}-rank0.json").read_text())["records"])
+        by_rank = [phase_means(json.loads(Path(f"{out}-rank{r}.json").read_text())["records"])
+                   for r in range(int(ranks[0]))]
+        means[ranks] = dict(by_rank[0], wait_by_rank=[m["wait"] for m in by_rank])
     return means
 
 
@@ -354,6 +357,10 @@ def run_phases(args, names, tmp):
         rounds.append({name: measure_phases(name, args, work, 29690 + i) for i, name in enumerate(names)})
     medians = {name: {ranks: {k: statistics.median(rnd[name][ranks][k] for rnd in rounds) for k in PHASE_NAMES}
                       for ranks in rounds[0][name]} for name in names}
+    for name in names:
+        for ranks, m in medians[name].items():
+            m["wait_by_rank"] = [statistics.median(rnd[name][ranks]["wait_by_rank"][r] for rnd in rounds)
+                                 for r in range(int(ranks[0]))]
     return medians, step_costs(rounds), rounds
 
 
@@ -385,6 +392,8 @@ def print_phases(report):
                                                      for k in PHASE_NAMES))
                 c = report["step_costs"][name][ranks]
                 (lo, hi), (elo, ehi) = c["extra_ms_range"], c["step_efficiency_range"]
+                if any(two["wait_by_rank"]):
+                    print(f"  {'':>16}  wait by rank: " + " / ".join(f"{w:.1f}" for w in two["wait_by_rank"]) + " ms")
                 print(f"  {'':>16}  within rounds: the 2-rank step {c['extra_ms']:+.1f} ms ({lo:+.1f}..{hi:+.1f}), "
                       f"1-rank step / 2-rank step {c['step_efficiency']:.2f} ({elo:.2f}-{ehi:.2f}; the efficiency)")
 

@@ -43,9 +43,9 @@ class StepTimer:
         self.nested = []  # for each timed call in progress: the time of the timed calls inside it
         self.step_start = clock()
 
-    def start_epoch(self):
+    def start_epoch(self, epoch):
         """A new epoch: its first step starts now (evaluation and logging in between are no step's)."""
-        self.epoch += 1
+        self.epoch = epoch
         self.current.clear()
         self.step_start = self.clock()
 
@@ -85,19 +85,20 @@ def patch(timer, framework):
 
     original_init = log.Progress.__init__
 
-    def progress_init(self, *args, **kwargs):  # every example opens a Progress at the start of each epoch
-        timer.start_epoch()
-        original_init(self, *args, **kwargs)
+    def progress_init(self, enabled, total, epoch, *args, **kwargs):  # opened at the start of every epoch
+        timer.start_epoch(epoch)
+        original_init(self, enabled, total, epoch, *args, **kwargs)
     log.Progress.__init__ = progress_init
 
     for cls, name, phase in [(Net, "forward", "forward"), (DistributedDataParallel, "forward", "forward"),
                              (torch.Tensor, "backward", "backward"), (torch.optim.SGD, "step", "optimizer"),
                              (torch.optim.Adam, "step", "optimizer")]:
         setattr(cls, name, timer.wrap(phase, getattr(cls, name)))
-    if framework == "horovod":
-        from horovod.torch.optimizer import _DistributedOptimizer
+    if framework == "horovod":  # Horovod builds the optimizer's class from one of these (Adasum: the second)
+        from horovod.torch.optimizer import _DistributedAdasumOptimizer, _DistributedOptimizer
         _DistributedOptimizer.step = timer.wrap("optimizer", _DistributedOptimizer.step)
         _DistributedOptimizer.synchronize = timer.wrap("wait", _DistributedOptimizer.synchronize)
+        _DistributedAdasumOptimizer.step = timer.wrap("optimizer", _DistributedAdasumOptimizer.step)
     if framework == "deepspeed":
         from deepspeed.runtime.engine import DeepSpeedEngine
         for name, phase in [("forward", "forward"), ("backward", "backward"), ("step", "optimizer")]:
@@ -105,7 +106,8 @@ def patch(timer, framework):
 
 
 def framework_of(script):
-    parts = Path(script).resolve().relative_to(ROOT).parts
+    path = Path(script).resolve()
+    parts = path.relative_to(ROOT).parts if path.is_relative_to(ROOT) else ("",)
     if parts[:2] == ("horovod", "pytorch"):
         return "horovod"
     if parts[0] in ("DDP", "deepspeed"):
@@ -120,25 +122,42 @@ def rank_from_env():
     return 0
 
 
+def script_and_argv(args):
+    """(the example, its sys.argv): the first argument that is not a flag; the deepspeed launcher puts its
+    --local_rank=N before it, and the example takes that flag too."""
+    i = next((i for i, a in enumerate(args) if not a.startswith("-")), None)
+    if i is None:
+        return None, None
+    return args[i], [args[i]] + args[:i] + args[i + 1:]
+
+
 def main():
-    args = sys.argv[1:]
-    script = next((a for a in args if a.endswith(".py")), None)  # the deepspeed launcher puts --local_rank first
+    script, argv = script_and_argv(sys.argv[1:])
     out = os.environ.get("PHASES_OUT")
     if script is None or not out:
         sys.exit("usage: PHASES_OUT=PREFIX python utils/phases.py EXAMPLE/main.py [its flags]")
-    # The example sees what `python EXAMPLE/main.py` would give it: its own folder first on the path (never
-    # utils/, whose modules would stand as top-level names), the repo root last.
-    sys.path[0] = str(Path(script).resolve().parent)
-    sys.path.append(str(ROOT))
     framework = framework_of(script)
+    # The example sees what `python EXAMPLE/main.py` would give it: its own folder first on the path instead of
+    # utils/ (whose modules would stand as top-level names), the repo root last.
+    if sys.path and Path(sys.path[0] or ".").resolve() == Path(__file__).resolve().parent:
+        sys.path.pop(0)
+    sys.path.insert(0, str(Path(script).resolve().parent))
+    sys.path.append(str(ROOT))
     timer = StepTimer()
     patch(timer, framework)
-    sys.argv = [script] + [a for a in args if a != script]
+    sys.argv = argv
+    exit_code = 0
     try:
         runpy.run_path(script, run_name="__main__")
+    except SystemExit as exc:  # the example's own exit (its one-line errors): passed on below
+        exit_code = exc.code
     finally:
         Path(f"{out}-rank{rank_from_env()}.json").write_text(
             json.dumps({"rank": rank_from_env(), "framework": framework, "records": timer.records}))
+    if exit_code not in (None, 0):
+        sys.exit(exit_code)
+    if not timer.records:
+        sys.exit(f"error: phases: {script} ran, but none of its optimizer steps was timed")
 
 
 if __name__ == "__main__":
