@@ -779,13 +779,7 @@ def main():
               f"steps, batch {args.batch_size} per rank, 1 thread per rank", flush=True)
         with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
             phases, costs, rounds = run_phases(args, names, tmp)
-        report = dict(date=started, cpu_count=os.cpu_count(), repeat=args.repeat, epochs=args.epochs,
-                      steps=args.steps, batch_size=args.batch_size, example_args=args.example_args,
-                      knobs=knob_settings(), phases=phases, step_costs=costs, rounds=rounds)
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(report, indent=2))
-        print_phases(report)
-        print(f"\nwritten to {args.out}")
+        write_report(args, started, print_phases, phases=phases, step_costs=costs, rounds=rounds)
         return
     print(f"bench: {len(names)} example(s), {args.repeat} round(s) of {args.epochs} epochs x {args.steps} steps, "
           f"batch {args.batch_size} per rank, 1 thread per rank, on {os.cpu_count()} cores"
@@ -813,13 +807,18 @@ def main():
             row.update(overhead_versus=statistics.median(ratios), overhead_versus_range=[min(ratios), max(ratios)],
                        overhead_versus_pairs=ratios)
 
+    write_report(args, started, print_table, versus_args=args.versus_args, breakdown=parts, allreduce=wire,
+                 examples=examples, rounds=rounds)
+
+
+def write_report(args, started, print_report, **results):
+    """The run's settings and `results` as JSON to --out, then printed by `print_report`."""
     report = dict(date=started, cpu_count=os.cpu_count(), repeat=args.repeat, epochs=args.epochs,
                   steps=args.steps, batch_size=args.batch_size, example_args=args.example_args,
-                  versus_args=args.versus_args, knobs=knob_settings(),
-                  breakdown=parts, allreduce=wire, examples=examples, rounds=rounds)
+                  knobs=knob_settings(), **results)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2))
-    print_table(report)
+    print_report(report)
     print(f"\nwritten to {args.out}")
 
 
