@@ -1,135 +1,164 @@
 #!/usr/bin/env python
 """MNIST with PyTorch DistributedDataParallel (DDP).
 
-Runs as one process, or as N under torchrun / mpiexec / srun / aprun:
-    python DDP/main.py
-    torchrun --nproc_per_node 2 DDP/main.py
-    mpiexec -n 2 python DDP/main.py
-The numbered comments ([ddp N]) are the lines that make it distributed; DDP/README.md explains each.
+    python DDP/main.py                                  one process
+    torchrun --nproc_per_node 2 DDP/main.py             two ranks (also: mpiexec -n 2 python DDP/main.py, srun)
+
+The numbered comments [1]-[8] are the course's recipe: the same number marks the same step in every lesson
+(README.md, "The recipe"); DDP/README.md explains each line.
 """
 import sys
 import time
 from contextlib import nullcontext
+from datetime import timedelta
+from itertools import islice
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
 
-# The repo root goes *after* site-packages, so our folders never shadow an installed library.
-sys.path.append(str(Path(__file__).resolve().parents[1]))
-from utils import data, dist, log  # noqa: E402
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # the repo root *after* site-packages
+from utils import data, log  # noqa: E402
+from utils import dist as course  # noqa: E402  (which variables each launcher sets; metrics helpers)
 from utils.parse_args import clip_flag, get_parser, parse  # noqa: E402
 from utils.schedule import lr_at, scaled_lr  # noqa: E402
-from utils.torch_utils import (Net, index_batches, load_checkpoint, param_checksum, restore,  # noqa: E402
-                               save_checkpoint, seed_epoch, to_tensors)
+from utils.torch_utils import (Net, load_checkpoint, param_checksum, restore, save_checkpoint,  # noqa: E402
+                               seed_epoch, steps_per_epoch, to_tensors)
 
 FRAMEWORK = "pytorch-ddp"
 
 
-def train_epoch(model, optimizer, x, y, steps, epoch, lr_of_step, env, args):
+def train_epoch(model, optimizer, loaders, epoch, lr_of, env, args):
     model.train()
-    loss_sum, correct = 0.0, 0
-    progress = log.Progress(env.is_main, len(steps), epoch, args.log_interval)
-    for step, micro_batches in enumerate(steps):
+    loss_sum, correct, seen = 0.0, 0, 0
+    steps = steps_per_epoch(loaders, args.max_steps)
+    progress = log.Progress(env.is_main, steps, epoch, args.log_interval)
+    for step, micro_batches in enumerate(islice(zip(*loaders), steps)):  # one micro-batch unless --grad-accum
         for group in optimizer.param_groups:
-            group["lr"] = lr_of_step(step)
+            group["lr"] = lr_of(step / steps)
         optimizer.zero_grad()
-        for k, idx in enumerate(micro_batches):  # one micro-batch unless --grad-accum
+        for k, (x, y) in enumerate(micro_batches):
+            # [6] gradients averaged: DDP all-reduces them in buckets *during* backward. With --grad-accum,
+            #     no_sync() skips that until the step's last micro-batch.
             last = k == len(micro_batches) - 1
-            # [ddp 4] DDP all-reduces (averages) gradients in buckets while backward runs; with gradient
-            # accumulation, no_sync() skips that until the last micro-batch of the step.
             with nullcontext() if last or not env.distributed else model.no_sync():
-                output = model(x[idx])
-                loss = F.nll_loss(output, y[idx])
+                output = model(x)
+                loss = F.nll_loss(output, y)
                 (loss / len(micro_batches)).backward()
-            loss_sum += loss.item() * len(idx)
-            correct += (output.argmax(1) == y[idx]).sum().item()
+            loss_sum += loss.item() * len(y)
+            correct += (output.argmax(1) == y).sum().item()
+            seen += len(y)
         if args.clip_grad_norm:  # the gradients are averaged by now: every rank clips the same vector
             torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad_norm)
         optimizer.step()
         progress.update(step + 1, loss.item())
     progress.close()
-    return loss_sum, correct, len(steps) * args.grad_accum * args.batch_size
+    return [loss_sum, correct, seen]
 
 
 @torch.no_grad()
-def evaluate(model, x, y, indices, batch_size):
+def evaluate(model, loader):
     model.eval()
-    loss_sum, correct = 0.0, 0
-    for start in range(0, len(indices), batch_size):
-        idx = indices[start:start + batch_size]
-        output = model(x[idx])
-        loss_sum += F.nll_loss(output, y[idx], reduction="sum").item()
-        correct += (output.argmax(1) == y[idx]).sum().item()
-    return loss_sum, correct, len(indices)
+    loss_sum, correct, seen = 0.0, 0, 0
+    for x, y in loader:
+        output = model(x)
+        loss_sum += F.nll_loss(output, y, reduction="sum").item()
+        correct += (output.argmax(1) == y).sum().item()
+        seen += len(y)
+    return [loss_sum, correct, seen]
 
 
 def main():
     args = parse(clip_flag(get_parser(__doc__)))
     wall_start = time.perf_counter()
 
-    # --- set up distributed ----------------------------------------------------------------------
-    env = dist.init_torch(args)  # [ddp 1] rank/world from the launcher; init_process_group
+    # [1] Who am I? The launcher's variables give this process's rank, its local rank on this node and the
+    #     world size (torchrun: RANK...; mpiexec: PMI_RANK...; srun: SLURM_PROCID...: the table in utils/dist.py).
+    env = course.export_rendezvous(course.discover())  # + MASTER_ADDR/PORT, where the ranks meet
+    # [2] Pin this rank to one device before anything touches it: GPU number = local rank. On CPUs: its share
+    #     of the cores, so that N ranks on one node do not fight over them.
+    env.device = course.pick_device(args.device, env.local_rank)
+    if env.device.startswith("cuda"):
+        torch.cuda.set_device(env.device)
+    env.num_threads = course.threads_per_rank(args.num_threads, env.local_world_size)
+    torch.set_num_threads(env.num_threads)
+    # [1] Start the process group: returns once all world_size ranks have joined at MASTER_ADDR:MASTER_PORT.
+    if env.distributed:
+        env.backend = course.pick_backend(args.backend, env.device)  # nccl between GPUs, gloo between CPUs
+        dist.init_process_group(env.backend, rank=env.rank, world_size=env.world_size,
+                                timeout=timedelta(seconds=args.dist_timeout),  # a dead peer ends the job
+                                store=course.restart_store(env))  # (None, except after a torchrun restart)
     log.configure(env.rank, args.log_all_ranks)
-    log_dir = args.log_dir or log.default_log_dir("ddp")
-    if env.distributed:  # every rank writes to rank 0's log dir (its default has a timestamp)
-        log_dir = log_dir if args.log_dir else dist.broadcast_object(log_dir)
+    log_dir = args.log_dir or course.broadcast_object(log.default_log_dir("ddp"))  # rank 0's time stamp
     run = log.RunLog(log_dir, env.is_main)
     log.info(f"{FRAMEWORK}: {env.world_size} rank(s) via {env.launcher}, device {env.device}, "
              f"backend {env.backend}, {env.num_threads} thread(s) per rank")
 
-    # --- data: every rank loads the set, then trains on its own shard -----------------------------
-    mnist = data.load_mnist(args.data_dir, args.download, env.is_main, barrier=dist.barrier)
+    # --- data: every rank holds the whole (small) set in memory and trains on its own shard -------------
+    mnist = data.load_mnist(args.data_dir, args.download, env.is_main, barrier=course.barrier)
     log.info(mnist.describe())
     x_train, y_train, x_test, y_test = to_tensors(mnist, env.device)
-    test_idx = torch.from_numpy(data.test_shard(len(y_test), env.rank, env.world_size)).to(env.device)
+    train_set, test_set = TensorDataset(x_train, y_train), TensorDataset(x_test, y_test)
+    # [3] Shard by *global* rank: each rank draws its own 1/world_size of every shuffled epoch (the same
+    #     permutation everywhere, seeded). --grad-accum A: a rank plays A ranks of a world A times larger.
+    A = args.grad_accum
+    loaders = [DataLoader(train_set, batch_size=args.batch_size, drop_last=True,
+                          sampler=DistributedSampler(train_set, num_replicas=env.world_size * A,
+                                                     rank=env.rank * A + k, shuffle=True, seed=args.seed))
+               for k in range(A)]
+    test_loader = DataLoader(test_set, batch_size=args.test_batch_size, sampler=DistributedSampler(
+        test_set, num_replicas=env.world_size, rank=env.rank, shuffle=False))
 
-    # --- model and optimizer ---------------------------------------------------------------------
+    # --- model and optimizer -----------------------------------------------------------------------------
     torch.manual_seed(args.seed)
     model = Net(args.dropout).to(env.device)
-    lr = scaled_lr(args.lr, env.world_size * args.grad_accum, not args.no_lr_scaling)  # [ddp 2] linear LR scaling
+    # [4] Scale the LR with the global batch: world_size (x grad-accum) times one rank's batch.
+    lr = scaled_lr(args.lr, env.world_size * A, not args.no_lr_scaling)
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum)
     checkpoint = Path(args.checkpoint_dir or Path(log_dir) / "checkpoints") / "checkpoint.pt"
     first_epoch = 1
-    if args.resume:  # every rank reads the same file, so all start from identical weights
+    if args.resume:  # [8] every rank reads the same file: all start from identical weights
         first_epoch = restore(model, optimizer, load_checkpoint(checkpoint, env.device), checkpoint) + 1
         log.info(f"resumed from {checkpoint}: continuing at epoch {first_epoch}")
     run.keep_epochs_before(first_epoch)
     if env.distributed:
-        # [ddp 3] wrap the model: broadcasts rank 0's weights, then hooks gradient all-reduce into backward
+        # [5] Wrap the model: DDP broadcasts rank 0's weights to every rank, then hooks [6] into backward.
         model = DDP(model, device_ids=[env.local_rank] if env.device.startswith("cuda") else None)
     run.write_config(args, env.as_dict(), FRAMEWORK, {"log_dir": log_dir, "scaled_lr": lr})
 
-    # --- train / evaluate ------------------------------------------------------------------------
+    # --- train / evaluate --------------------------------------------------------------------------------
     for epoch in range(first_epoch, args.epochs + 1):
-        seed_epoch(args.seed, epoch, env.rank)
-        steps = data.epoch_batches(len(y_train), args.batch_size, env.rank, env.world_size,  # [ddp 0] shard
-                                   args.seed, epoch, args.max_steps, args.grad_accum)
-        steps = index_batches(steps, env.device)
+        seed_epoch(args.seed, epoch, env.rank)  # dropout masks: a resumed run draws the same ones
+        for loader in loaders:
+            loader.sampler.set_epoch(epoch)  # [3] a new shuffle each epoch, the same on every rank
 
-        def lr_of_step(step):
-            return lr_at(epoch - 1 + step / len(steps), args.lr, lr, args.lr_warmup_epochs)
+        def lr_of(fraction):  # linear warmup from the base LR to the scaled one (--lr-warmup-epochs)
+            return lr_at(epoch - 1 + fraction, args.lr, lr, args.lr_warmup_epochs)
 
         start = time.perf_counter()
-        train = train_epoch(model, optimizer, x_train, y_train, steps, epoch, lr_of_step, env, args)
-        train_time = dist.all_max(time.perf_counter() - start, env)
-        test = evaluate(model, x_test, y_test, test_idx, args.test_batch_size)
-        # [ddp 5] sum the metrics over ranks, so every number printed is global
-        run.epoch_end(epoch, dist.all_sum(train + test, env), optimizer.param_groups[0]["lr"],
-                      time.perf_counter() - start, train_time, env, FRAMEWORK)
-        if env.is_main:  # one writer; the file is replaced atomically
+        train = train_epoch(model, optimizer, loaders, epoch, lr_of, env, args)
+        train_time = course.all_max(time.perf_counter() - start, env)  # the slowest rank's time
+        sums = torch.tensor(train + evaluate(model, test_loader), dtype=torch.float64, device=env.device)
+        if env.distributed:
+            dist.all_reduce(sums, op=dist.ReduceOp.SUM)  # [7] metrics summed over ranks: every number is global
+        run.epoch_end(epoch, sums.tolist(), optimizer.param_groups[0]["lr"], time.perf_counter() - start,
+                      train_time, env, FRAMEWORK)
+        if env.is_main:  # [8] one writer; the file is replaced atomically
             save_checkpoint(checkpoint, {"model": getattr(model, "module", model).state_dict(),
                                          "optimizer": optimizer.state_dict(), "epoch": epoch})
 
-    # --- summary ---------------------------------------------------------------------------------
-    checksums = dist.gather_object(param_checksum(model))  # identical on every rank, or DDP is broken
+    # --- summary -----------------------------------------------------------------------------------------
+    checksums = course.gather_object(param_checksum(model))  # identical on every rank, or DDP is broken
     if args.save_model and env.is_main:
         save_checkpoint(Path(log_dir) / "model.pt", getattr(model, "module", model).state_dict())
     run.summary({"wall_time_s": time.perf_counter() - wall_start, "param_checksums": checksums,
                  "device": env.device, "world_size": env.world_size, "launcher": env.launcher,
                  "framework": FRAMEWORK})
-    dist.shutdown()
+    course.shutdown()
 
 
 if __name__ == "__main__":

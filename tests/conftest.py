@@ -3,7 +3,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -12,18 +11,17 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent  # the venv's bin: torchrun, mpiexec, horovodrun, deepspeed
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+sys.path.append(str(ROOT))  # after site-packages: `import horovod` stays the library
+from utils.dist import free_port, launch_command  # noqa: E402  (the one module that knows launchers)
 
 
 def run(cmd, timeout=300, env=None, cwd=ROOT):
     """Run `cmd` in its own process group; on timeout kill the whole group and fail (a hang is a failure)."""
     full_env = dict(os.environ, PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2", PATH=f"{BIN}:{os.environ.get('PATH', '')}")
     full_env.update(env or {})
+    if any(name.startswith("COURSE_") for name in env or {}):  # test-only fault injection (tests/hooks/faults.py)
+        full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "tests" / "hooks"),
+                                                                 full_env.get("PYTHONPATH")]))
     proc = subprocess.Popen([str(c) for c in cmd], cwd=cwd, env=full_env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
@@ -54,16 +52,19 @@ def summary(log_dir):
 
 
 def torchrun(nproc, script, *args):
-    return [BIN / "torchrun", "--nproc_per_node", nproc, "--master_addr", "127.0.0.1",
-            "--master_port", free_port(), ROOT / script, *args]
+    return launch_command(script, nproc, "torchrun", args)
 
 
 def mpiexec(nproc, script, *args):
-    return [BIN / "mpiexec", "-n", nproc, "-env", "MASTER_PORT", free_port(), sys.executable, ROOT / script, *args]
+    return launch_command(script, nproc, "mpiexec", args)
 
 
 def python(script, *args):
-    return [sys.executable, ROOT / script, *args]
+    return launch_command(script, 1, "python", args)
+
+
+def deepspeed_launcher(nproc, script, *args):
+    return launch_command(script, nproc, "deepspeed", args)
 
 
 def error_lines(stderr):
@@ -73,4 +74,4 @@ def error_lines(stderr):
 
 
 def horovodrun(nproc, script, *args, controller="--gloo"):
-    return [BIN / "horovodrun", "-np", nproc, controller, sys.executable, ROOT / script, *args]
+    return launch_command(script, nproc, "horovodrun" if controller == "--gloo" else "horovodrun-mpi", args)

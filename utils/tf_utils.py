@@ -45,27 +45,14 @@ def images(array):
     return normalized(array)[..., np.newaxis]  # [N, 28, 28, 1] float32
 
 
-# tf.data runs pipelines on a thread pool as large as the machine's core count, and its autotuner adds
-# threads; with every core already running a rank, they compete with the training step. These pipelines only
-# slice arrays that are already in memory: one private thread is plenty. `make bench` measures this against
-# tf.data's defaults (SCALING_DL_TFDATA_THREADS=0) in every run; README, Performance.
-TFDATA_THREADS = "1"
-
-
-def tfdata_threads():
-    return int(os.environ.get("SCALING_DL_TFDATA_THREADS", TFDATA_THREADS))
-
-
-def shard_dataset(x, y, steps, batch_size):
-    """This rank's batches for one epoch (indices from utils.data.epoch_batches) as a tf.data pipeline."""
-    order = np.concatenate([idx for step in steps for idx in step])
-    dataset = tf.data.Dataset.from_tensor_slices((x[order], y[order])).batch(batch_size).prefetch(2)
-    if tfdata_threads() > 0:
-        options = tf.data.Options()
-        options.threading.private_threadpool_size = tfdata_threads()
-        options.autotune.enabled = False
-        dataset = dataset.with_options(options)
-    return dataset
+def one_thread(dataset):
+    """tf.data runs pipelines on a thread pool as large as the machine's core count, and its autotuner adds
+    threads; with every core already running a rank, they compete with the training step. These pipelines
+    only slice arrays already in memory: one private thread is plenty (utils/tools/PERFORMANCE.md)."""
+    options = tf.data.Options()
+    options.threading.private_threadpool_size = 1
+    options.autotune.enabled = False
+    return dataset.with_options(options)
 
 
 def checksum(variables):

@@ -2,12 +2,11 @@
 import hashlib
 import os
 
-import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from utils.data import normalized
+from utils.data import DataError, normalized
 from utils.log import atomic_write, fail
 
 
@@ -39,9 +38,15 @@ def to_tensors(mnist, device):
             images(mnist.x_test), torch.from_numpy(mnist.y_test).to(device))
 
 
-def index_batches(steps, device):
-    """epoch_batches' numpy indices as tensors on the device (a list of steps, each a list of micro-batches)."""
-    return [[torch.from_numpy(np.ascontiguousarray(b)).to(device) for b in step] for step in steps]
+def steps_per_epoch(loaders, max_steps=None):
+    """Training steps this epoch: full batches of one rank's shard (every rank has as many), capped by
+    --max-steps. No full batch at all is an input error, reported in one line."""
+    steps = len(loaders[0])
+    if steps == 0:
+        sampler = loaders[0].sampler
+        raise DataError(f"{len(sampler.dataset)} training samples are too few for {sampler.num_replicas} "
+                        f"(emulated) ranks x batch {loaders[0].batch_size}: lower --batch-size or the ranks")
+    return min(steps, max_steps) if max_steps else steps
 
 
 def seed_epoch(seed, epoch, rank):

@@ -1,27 +1,30 @@
 #!/usr/bin/env python
 """MNIST with Horovod and PyTorch.
 
-Runs as one process, or as N under horovodrun (gloo or MPI controller) or a plain MPI launcher:
-    python horovod/pytorch/main.py
-    horovodrun -np 2 --gloo python horovod/pytorch/main.py
-    mpiexec -n 2 python horovod/pytorch/main.py
-The numbered comments ([hvd N]) are Horovod's recipe; horovod/README.md explains each step.
+    python horovod/pytorch/main.py                                   one process
+    horovodrun -np 2 --gloo python horovod/pytorch/main.py           two ranks (also: mpiexec -n 2 python ...)
+
+The numbered comments [1]-[8] are the course's recipe: the same number marks the same step in every lesson
+(README.md, "The recipe"); horovod/pytorch/README.md explains each line.
 """
 import sys
 import time
+from itertools import islice
 from pathlib import Path
 
 import horovod.torch as hvd
 import torch
 import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
 
-# The repo root goes *after* site-packages, so our horovod/ folder never shadows the installed library.
-sys.path.append(str(Path(__file__).resolve().parents[2]))
-from utils import data, dist, log  # noqa: E402
+sys.path.append(str(Path(__file__).resolve().parents[2]))  # the repo root *after* site-packages: never
+from utils import data, log  # noqa: E402                     # shadow the installed horovod with our folder
+from utils import dist as course  # noqa: E402  (which variables each launcher sets; Horovod's CPU knobs)
 from utils.parse_args import clip_flag, get_parser, parse, positive_float, positive_int  # noqa: E402
 from utils.schedule import lr_at, scaled_lr  # noqa: E402
-from utils.torch_utils import (Net, index_batches, load_checkpoint, param_checksum, restore,  # noqa: E402
-                               save_checkpoint, seed_epoch, to_tensors)
+from utils.torch_utils import (Net, load_checkpoint, param_checksum, restore, save_checkpoint,  # noqa: E402
+                               seed_epoch, steps_per_epoch, to_tensors)
 
 FRAMEWORK = "horovod-pytorch"
 
@@ -37,67 +40,65 @@ def horovod_flags(parser):
     return parser
 
 
-def all_sum(values, env):
-    """[hvd 7] Sum a few numbers over all ranks (metrics), so every rank reports the global value."""
-    return hvd.allreduce(torch.tensor(values, dtype=torch.float64), op=hvd.Sum, name="metrics").tolist()
-
-
-def all_max(value, env):
-    return hvd.allreduce(torch.tensor([value], dtype=torch.float64), op=hvd.Max, name="max").item()
-
-
-def train_epoch(model, optimizer, x, y, steps, epoch, lr_of_step, env, args):
+def train_epoch(model, optimizer, loaders, epoch, lr_of, env, args):
     model.train()
-    loss_sum, correct = 0.0, 0
-    progress = log.Progress(env.is_main, len(steps), epoch, args.log_interval)
-    for step, micro_batches in enumerate(steps):
+    loss_sum, correct, seen = 0.0, 0, 0
+    steps = steps_per_epoch(loaders, args.max_steps)
+    progress = log.Progress(env.is_main, steps, epoch, args.log_interval)
+    for step, micro_batches in enumerate(islice(zip(*loaders), steps)):  # one micro-batch unless --grad-accum
         for group in optimizer.param_groups:
-            group["lr"] = lr_of_step(step)
+            group["lr"] = lr_of(step / steps)
         optimizer.zero_grad()
-        for k, idx in enumerate(micro_batches):  # one micro-batch unless --grad-accum
-            output = model(x[idx])
-            loss = F.nll_loss(output, y[idx])
-            # [hvd 5] each gradient's all-reduce starts in the background as soon as backward produces it
-            # (after the last of --backward-passes-per-step passes, when accumulating)
+        for x, y in micro_batches:
+            output = model(x)
+            loss = F.nll_loss(output, y)
+            # [6] gradients averaged: each one's all-reduce starts on Horovod's background thread as soon as
+            #     backward has produced it (with --grad-accum, after the step's last backward pass).
             (loss / len(micro_batches)).backward()
-            loss_sum += loss.item() * len(idx)
-            correct += (output.argmax(1) == y[idx]).sum().item()
-        if args.clip_grad_norm:  # clip the *averaged* gradient: wait for the all-reduce first
+            loss_sum += loss.item() * len(y)
+            correct += (output.argmax(1) == y).sum().item()
+            seen += len(y)
+        if args.clip_grad_norm:  # clip the *averaged* gradient: wait for the all-reduces first
             optimizer.synchronize()
             torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad_norm)
             with optimizer.skip_synchronize():
                 optimizer.step()
         else:
-            optimizer.step()  # [hvd 6] waits for the averaged gradients, then updates identical weights everywhere
+            optimizer.step()  # [6] waits for the averaged gradients, then the same update on every rank
         progress.update(step + 1, loss.item())
     progress.close()
-    return loss_sum, correct, len(steps) * args.grad_accum * args.batch_size
+    return [loss_sum, correct, seen]
 
 
 @torch.no_grad()
-def evaluate(model, x, y, indices, batch_size):
+def evaluate(model, loader):
     model.eval()
-    loss_sum, correct = 0.0, 0
-    for start in range(0, len(indices), batch_size):
-        idx = indices[start:start + batch_size]
-        output = model(x[idx])
-        loss_sum += F.nll_loss(output, y[idx], reduction="sum").item()
-        correct += (output.argmax(1) == y[idx]).sum().item()
-    return loss_sum, correct, len(indices)
+    loss_sum, correct, seen = 0.0, 0, 0
+    for x, y in loader:
+        output = model(x)
+        loss_sum += F.nll_loss(output, y, reduction="sum").item()
+        correct += (output.argmax(1) == y).sum().item()
+        seen += len(y)
+    return [loss_sum, correct, seen]
 
 
 def main():
     args = parse(clip_flag(horovod_flags(get_parser(__doc__))))
     wall_start = time.perf_counter()
 
-    # --- set up distributed ----------------------------------------------------------------------
-    # Horovod reads its knobs at init: on CPU a longer cycle time (utils/dist.py; README, Performance)
-    knobs = dist.horovod_knobs(on_cpu=args.device == "cpu" or not torch.cuda.is_available(),
-                               dist_timeout=args.dist_timeout)
-    hvd.init()  # [hvd 1] start Horovod: rank, size and local rank come from horovodrun or MPI
-    env = dist.DistEnv(hvd.rank(), hvd.local_rank(), hvd.size(), hvd.local_size(), dist.discover().launcher,
-                       backend="horovod-" + ("mpi" if hvd.mpi_enabled() else "gloo"))
-    env = dist.configure_device(env, args)  # [hvd 2] pin one GPU per process: cuda:<local rank>
+    # Horovod reads its knobs at init: on CPU ranks a longer cycle time (utils/dist.py says why)
+    knobs = course.horovod_knobs(on_cpu=args.device == "cpu" or not torch.cuda.is_available(),
+                                 dist_timeout=args.dist_timeout)
+    # [1] Start Horovod: rank, local rank and size come from horovodrun or the MPI launcher.
+    hvd.init()
+    env = course.DistEnv(hvd.rank(), hvd.local_rank(), hvd.size(), hvd.local_size(), course.discover().launcher,
+                         backend="horovod-" + ("mpi" if hvd.mpi_enabled() else "gloo"))
+    # [2] Pin this rank to one device: GPU number = local rank. On CPUs: its share of the cores.
+    env.device = course.pick_device(args.device, hvd.local_rank())
+    if env.device.startswith("cuda"):
+        torch.cuda.set_device(env.device)
+    env.num_threads = course.threads_per_rank(args.num_threads, hvd.local_size())
+    torch.set_num_threads(env.num_threads)
     log.configure(env.rank, args.log_all_ranks)
     if args.use_adasum and not hvd.mpi_enabled():
         raise log.UserError("--use-adasum needs the MPI controller (mpiexec, horovodrun --mpi): gloo has no Adasum")
@@ -107,60 +108,68 @@ def main():
              f"{env.backend} controller, {env.num_threads} thread(s) per rank, "
              f"HOROVOD_CYCLE_TIME {knobs['HOROVOD_CYCLE_TIME']}")
 
-    # --- data: every rank loads the set, then trains on its own shard -----------------------------
+    # --- data: every rank holds the whole (small) set in memory and trains on its own shard -------------
     mnist = data.load_mnist(args.data_dir, args.download, env.is_main, barrier=hvd.barrier)
     log.info(mnist.describe())
     x_train, y_train, x_test, y_test = to_tensors(mnist, env.device)
-    test_idx = torch.from_numpy(data.test_shard(len(y_test), env.rank, env.world_size)).to(env.device)
+    train_set, test_set = TensorDataset(x_train, y_train), TensorDataset(x_test, y_test)
+    # [3] Shard by *global* rank (hvd.rank(), not hvd.local_rank(): that repeats on every node). Each rank
+    #     draws its own 1/size of every shuffled epoch. --grad-accum A: a rank plays A ranks.
+    A = args.grad_accum
+    loaders = [DataLoader(train_set, batch_size=args.batch_size, drop_last=True,
+                          sampler=DistributedSampler(train_set, num_replicas=hvd.size() * A,
+                                                     rank=hvd.rank() * A + k, shuffle=True, seed=args.seed))
+               for k in range(A)]
+    test_loader = DataLoader(test_set, batch_size=args.test_batch_size, sampler=DistributedSampler(
+        test_set, num_replicas=hvd.size(), rank=hvd.rank(), shuffle=False))
 
-    # --- model and optimizer ---------------------------------------------------------------------
+    # --- model and optimizer -----------------------------------------------------------------------------
     torch.manual_seed(args.seed)
     model = Net(args.dropout).to(env.device)
-    # [hvd 3] scale the LR by the number of workers (Adasum adapts to the gradients instead: no scaling)
-    lr = scaled_lr(args.lr, env.world_size * args.grad_accum, not (args.no_lr_scaling or args.use_adasum))
+    # [4] Scale the LR with the global batch (Adasum adapts to the gradients instead: no scaling).
+    lr = scaled_lr(args.lr, hvd.size() * A, not (args.no_lr_scaling or args.use_adasum))
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum)
-    # [hvd 4] wrap the optimizer: it all-reduces gradients (optionally fp16-compressed, or with Adasum)
+    # [5] Wrap the optimizer: it all-reduces the gradients (optionally fp16-compressed, or with Adasum).
     optimizer = hvd.DistributedOptimizer(
         optimizer, named_parameters=model.named_parameters(),
         compression=hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none,
         op=hvd.Adasum if args.use_adasum else hvd.Average,
-        gradient_predivide_factor=args.gradient_predivide_factor, backward_passes_per_step=args.grad_accum)
+        gradient_predivide_factor=args.gradient_predivide_factor, backward_passes_per_step=A)
     checkpoint = Path(args.checkpoint_dir or Path(log_dir) / "checkpoints") / "checkpoint.pt"
     first_epoch = 1
-    if args.resume and env.is_main:  # rank 0 reads the checkpoint; the broadcast below hands it to everyone
+    if args.resume and env.is_main:  # [8] rank 0 reads the checkpoint; [5]'s broadcast hands it to everyone
         first_epoch = restore(model, optimizer, load_checkpoint(checkpoint, env.device), checkpoint) + 1
         log.info(f"resumed from {checkpoint}: continuing at epoch {first_epoch}")
     first_epoch = hvd.broadcast_object(first_epoch, root_rank=0)
     run.keep_epochs_before(first_epoch)
-    # [hvd 4b] start every rank from rank 0's weights and optimizer state (random init or checkpoint)
+    # [5] Start every rank from rank 0's weights and optimizer state (its random init, or the checkpoint).
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
-    run.write_config(args, env.as_dict(), FRAMEWORK, {"log_dir": log_dir, "scaled_lr": lr,
-                                                 "horovod_knobs": knobs})
+    run.write_config(args, env.as_dict(), FRAMEWORK, {"log_dir": log_dir, "scaled_lr": lr, "horovod_knobs": knobs})
 
-    # --- train / evaluate ------------------------------------------------------------------------
+    # --- train / evaluate --------------------------------------------------------------------------------
     for epoch in range(first_epoch, args.epochs + 1):
-        seed_epoch(args.seed, epoch, env.rank)
-        # [hvd 0] shard by the *global* rank (the original workshop script used the local rank: wrong on >1 node)
-        steps = data.epoch_batches(len(y_train), args.batch_size, env.rank, env.world_size,
-                                   args.seed, epoch, args.max_steps, args.grad_accum)
-        steps = index_batches(steps, env.device)
+        seed_epoch(args.seed, epoch, env.rank)  # dropout masks: a resumed run draws the same ones
+        for loader in loaders:
+            loader.sampler.set_epoch(epoch)  # [3] a new shuffle each epoch, the same on every rank
 
-        def lr_of_step(step):
-            return lr_at(epoch - 1 + step / len(steps), args.lr, lr, args.lr_warmup_epochs)
+        def lr_of(fraction):  # linear warmup from the base LR to the scaled one (--lr-warmup-epochs)
+            return lr_at(epoch - 1 + fraction, args.lr, lr, args.lr_warmup_epochs)
 
         start = time.perf_counter()
-        train = train_epoch(model, optimizer, x_train, y_train, steps, epoch, lr_of_step, env, args)
-        train_time = all_max(time.perf_counter() - start, env)
-        test = evaluate(model, x_test, y_test, test_idx, args.test_batch_size)
-        run.epoch_end(epoch, all_sum(train + test, env), optimizer.param_groups[0]["lr"],
-                      time.perf_counter() - start, train_time, env, FRAMEWORK)
-        if env.is_main:  # one writer; the file is replaced atomically
+        train = train_epoch(model, optimizer, loaders, epoch, lr_of, env, args)
+        train_time = hvd.allreduce(torch.tensor(time.perf_counter() - start, dtype=torch.float64), op=hvd.Max,
+                                   name="time").item()  # the slowest rank's time
+        sums = torch.tensor(train + evaluate(model, test_loader), dtype=torch.float64)
+        sums = hvd.allreduce(sums, op=hvd.Sum, name="metrics")  # [7] metrics summed over ranks: all global
+        run.epoch_end(epoch, sums.tolist(), optimizer.param_groups[0]["lr"], time.perf_counter() - start,
+                      train_time, env, FRAMEWORK)
+        if env.is_main:  # [8] one writer; the file is replaced atomically
             save_checkpoint(checkpoint, {"model": model.state_dict(),
                                          "optimizer": optimizer.state_dict(), "epoch": epoch})
 
-    # --- summary ---------------------------------------------------------------------------------
-    checksums = hvd.allgather_object(param_checksum(model))  # identical on every rank, or something is broken
+    # --- summary -----------------------------------------------------------------------------------------
+    checksums = hvd.allgather_object(param_checksum(model))  # identical on every rank, or something broke
     if args.save_model and env.is_main:
         save_checkpoint(Path(log_dir) / "model.pt", model.state_dict())
     run.summary({"wall_time_s": time.perf_counter() - wall_start, "param_checksums": checksums,

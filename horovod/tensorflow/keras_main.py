@@ -6,6 +6,8 @@ TF_USE_LEGACY_KERAS=1 (set below, before TensorFlow is imported) makes tf.keras 
     python horovod/tensorflow/keras_main.py
     horovodrun -np 2 --gloo python horovod/tensorflow/keras_main.py
     mpiexec -n 2 python horovod/tensorflow/keras_main.py
+The numbered comments [1]-[8] are the course's recipe (README.md, "The recipe"); horovod/tensorflow/README.md
+explains them.
 """
 import os
 import sys
@@ -14,10 +16,11 @@ from pathlib import Path
 
 os.environ["TF_USE_LEGACY_KERAS"] = "1"  # must precede the first TensorFlow import
 sys.path.append(str(Path(__file__).resolve().parents[2]))  # after site-packages: never shadow horovod
-from utils import data, dist, log  # noqa: E402
+from utils import data, log  # noqa: E402
+from utils import dist as course  # noqa: E402  (which variables each launcher sets; Horovod's CPU knobs)
 from utils.parse_args import get_parser, parse  # noqa: E402
 from utils.schedule import scaled_lr  # noqa: E402
-from utils.tf_utils import build_model, checksum, configure_tf, images, shard_dataset  # noqa: E402
+from utils.tf_utils import build_model, checksum, configure_tf, images, one_thread  # noqa: E402
 
 import tensorflow as tf  # noqa: E402
 import tf_keras  # noqa: E402
@@ -34,10 +37,10 @@ FRAMEWORK = "horovod-keras"
 class EpochLog(tf.keras.callbacks.Callback):
     """After each epoch: evaluate this rank's test shard, sum over ranks, write metrics.jsonl on rank 0."""
 
-    def __init__(self, run, env, x_test, y_test, test_idx, test_batch_size, train_batch_size):
+    def __init__(self, run, env, x_test, y_test, test_batch_size, train_batch_size):
         super().__init__()
         self.run, self.env = run, env
-        self.x_test, self.y_test, self.test_idx = x_test, y_test, test_idx
+        self.x_test, self.y_test = x_test[env.rank::env.world_size], y_test[env.rank::env.world_size]  # [3]
         self.test_batch_size, self.train_batch_size = test_batch_size, train_batch_size
 
     def on_epoch_begin(self, epoch, logs=None):
@@ -45,14 +48,14 @@ class EpochLog(tf.keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         train_time = time.perf_counter() - self.start
-        logits = self.model.predict(self.x_test[self.test_idx], batch_size=self.test_batch_size, verbose=0)
-        labels = self.y_test[self.test_idx]
+        logits = self.model.predict(self.x_test, batch_size=self.test_batch_size, verbose=0)
+        labels = self.y_test
         loss = float(tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True).numpy().sum())
         correct = float((logits.argmax(1) == labels).sum())
         seen = self.params["steps"] * self.train_batch_size
         # logs["loss"] and logs["accuracy"] are already averaged over ranks by MetricAverageCallback
         sums = [logs["loss"] * seen, logs["accuracy"] * seen, seen, loss, correct, len(labels)]
-        sums = hvd_tf.allreduce(tf.constant(sums, tf.float64), op=hvd_tf.Sum, name="metrics").numpy()
+        sums = hvd_tf.allreduce(tf.constant(sums, tf.float64), op=hvd_tf.Sum, name="metrics").numpy()  # [7]
         sums[:3] /= self.env.world_size  # the train part was already a global average
         train_time = float(hvd_tf.allreduce(tf.constant(train_time, tf.float64), op=hvd_tf.Max, name="max"))
         lr = float(tf.keras.backend.get_value(self.model.optimizer.learning_rate))
@@ -62,19 +65,19 @@ class EpochLog(tf.keras.callbacks.Callback):
 
 def main():
     args = parse(get_parser(__doc__))
-    if args.grad_accum != 1 or args.resume:
-        raise log.UserError("--grad-accum and --resume are implemented in main.py, not in this Keras-API example")
+    for flag, given in (("--grad-accum", args.grad_accum != 1), ("--resume", args.resume)):
+        if given:
+            raise log.UserError(f"{flag} is implemented in horovod/tensorflow/main.py, not in this Keras-API example")
     wall_start = time.perf_counter()
 
     # --- set up distributed ----------------------------------------------------------------------
-    launcher = dist.discover()
-    knobs = dist.horovod_knobs(on_cpu=args.device == "cpu" or not tf.config.list_physical_devices("GPU"),
-                               dist_timeout=args.dist_timeout)
-    hvd.init()  # [hvd 1] start Horovod
-    env = dist.DistEnv(hvd.rank(), hvd.local_rank(), hvd.size(), hvd.local_size(), launcher.launcher,
-                       backend="horovod-" + ("mpi" if hvd.mpi_enabled() else "gloo"))
-    env.num_threads = dist.threads_per_rank(args.num_threads, env.local_world_size)
-    env.device = configure_tf(args.device, env.local_rank, env.num_threads)  # [hvd 2] one GPU per process
+    knobs = course.horovod_knobs(on_cpu=args.device == "cpu" or not tf.config.list_physical_devices("GPU"),
+                                 dist_timeout=args.dist_timeout)
+    hvd.init()  # [1] start Horovod
+    env = course.DistEnv(hvd.rank(), hvd.local_rank(), hvd.size(), hvd.local_size(), course.discover().launcher,
+                         backend="horovod-" + ("mpi" if hvd.mpi_enabled() else "gloo"))
+    env.num_threads = course.threads_per_rank(args.num_threads, hvd.local_size())
+    env.device = configure_tf(args.device, hvd.local_rank(), env.num_threads)  # [2] one GPU per process
     log.configure(env.rank, args.log_all_ranks)
     log_dir = args.log_dir or hvd_tf.broadcast_object(log.default_log_dir("horovod-keras"), root_rank=0)
     run = log.RunLog(log_dir, env.is_main)
@@ -87,34 +90,40 @@ def main():
                             barrier=lambda: hvd_tf.broadcast_object(None, root_rank=0))
     log.info(mnist.describe())
     x_train, y_train, x_test, y_test = images(mnist.x_train), mnist.y_train, images(mnist.x_test), mnist.y_test
-    # model.fit runs every epoch from one dataset: shard by the global rank, reshuffle each epoch in tf.data.
-    steps = data.epoch_batches(len(y_train), args.batch_size, env.rank, env.world_size, args.seed, 1, args.max_steps)
-    dataset = shard_dataset(x_train, y_train, steps, args.batch_size).unbatch() \
-        .shuffle(10_000, seed=args.seed + env.rank).batch(args.batch_size, drop_remainder=True).repeat()
+    # [3] model.fit runs every epoch from one dataset: the same seeded shuffle on every rank (a new order each
+    #     epoch), then this rank's shard by *global* rank; every rank runs `steps` steps an epoch.
+    steps = len(y_train) // hvd.size() // args.batch_size
+    if steps == 0:
+        raise data.DataError(f"{len(y_train)} training samples are too few for {hvd.size()} ranks x batch "
+                             f"{args.batch_size}: lower --batch-size or the ranks")
+    steps = min(steps, args.max_steps or steps)
+    dataset = one_thread(tf.data.Dataset.from_tensor_slices((x_train, y_train))
+                         .shuffle(len(y_train), seed=args.seed, reshuffle_each_iteration=True)
+                         .shard(hvd.size(), hvd.rank()).batch(args.batch_size, drop_remainder=True)
+                         .take(steps).repeat())
 
     # --- model and optimizer ---------------------------------------------------------------------
     tf.keras.utils.set_random_seed(args.seed)
     model = build_model(tf.keras, args.dropout)
-    lr = scaled_lr(args.lr, env.world_size, not args.no_lr_scaling)  # [hvd 3] scale the LR
-    # [hvd 4] wrap the optimizer: gradients are averaged across ranks before each update
+    lr = scaled_lr(args.lr, hvd.size(), not args.no_lr_scaling)  # [4] scale the LR
+    # [6] wrap the optimizer: gradients are averaged across ranks before each update
     optimizer = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(learning_rate=lr, momentum=args.momentum))
     model.compile(optimizer=optimizer, metrics=["accuracy"],
                   loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     callbacks = [
-        hvd.callbacks.BroadcastGlobalVariablesCallback(0),  # [hvd 4b] start from rank 0's weights
-        hvd.callbacks.MetricAverageCallback(),  # [hvd 7] average the train metrics over ranks
+        hvd.callbacks.BroadcastGlobalVariablesCallback(0),  # [5] start from rank 0's weights
+        hvd.callbacks.MetricAverageCallback(),  # [7] average the train metrics over ranks
     ]
     if args.lr_warmup_epochs:  # Goyal et al.: ramp from lr/size to lr over the first epochs
         callbacks.append(hvd.callbacks.LearningRateWarmupCallback(
-            initial_lr=lr, warmup_epochs=args.lr_warmup_epochs, steps_per_epoch=len(steps),
+            initial_lr=lr, warmup_epochs=args.lr_warmup_epochs, steps_per_epoch=steps,
             momentum_correction=False, verbose=0))  # tf-keras keeps momentum as a float: nothing to correct
-    callbacks.append(EpochLog(run, env, x_test, y_test, data.test_shard(len(y_test), env.rank, env.world_size),
-                              args.test_batch_size, args.batch_size))
+    callbacks.append(EpochLog(run, env, x_test, y_test, args.test_batch_size, args.batch_size))
     run.write_config(args, env.as_dict(), FRAMEWORK, {"log_dir": log_dir, "scaled_lr": lr,
                                                  "horovod_knobs": knobs})
 
     # --- train / evaluate ------------------------------------------------------------------------
-    model.fit(dataset, steps_per_epoch=len(steps), epochs=args.epochs, callbacks=callbacks,
+    model.fit(dataset, steps_per_epoch=steps, epochs=args.epochs, callbacks=callbacks,
               verbose=2 if env.is_main else 0)
 
     # --- summary ---------------------------------------------------------------------------------

@@ -1,12 +1,12 @@
 #!/usr/bin/env python
 """MNIST with Horovod and TensorFlow 2 (custom training loop, Keras 3 model, tf.function).
 
-Runs as one process, or as N under horovodrun (gloo or MPI controller) or a plain MPI launcher:
-    python horovod/tensorflow/main.py
-    horovodrun -np 2 --gloo python horovod/tensorflow/main.py
-    mpiexec -n 2 python horovod/tensorflow/main.py
-The numbered comments ([hvd N]) are Horovod's recipe; horovod/README.md explains each step.
-For Horovod's Keras API (model.fit + callbacks) see keras_main.py beside this file.
+    python horovod/tensorflow/main.py                                one process
+    horovodrun -np 2 --gloo python horovod/tensorflow/main.py        two ranks (also: mpiexec -n 2 python ...)
+
+The numbered comments [1]-[8] are the course's recipe: the same number marks the same step in every lesson
+(README.md, "The recipe"); horovod/tensorflow/README.md explains each line. For Horovod's Keras API
+(model.fit + callbacks) see keras_main.py beside this file.
 """
 import sys
 import time
@@ -14,11 +14,11 @@ from pathlib import Path
 
 # The repo root goes *after* site-packages, so our horovod/ folder never shadows the installed library.
 sys.path.append(str(Path(__file__).resolve().parents[2]))
-from utils import data, dist, log  # noqa: E402
+from utils import data, log  # noqa: E402
+from utils import dist as course  # noqa: E402  (which variables each launcher sets; Horovod's CPU knobs)
 from utils.parse_args import get_parser, parse, positive_float  # noqa: E402
 from utils.schedule import lr_at, scaled_lr  # noqa: E402
-from utils.tf_utils import (build_model, checksum, configure_tf, images, restore_latest,  # noqa: E402
-                            shard_dataset)
+from utils.tf_utils import build_model, checksum, configure_tf, images, one_thread, restore_latest  # noqa: E402
 
 import horovod.tensorflow as hvd  # noqa: E402
 import keras  # noqa: E402
@@ -42,13 +42,20 @@ def tf_variables(keras_variables):
     return [v.value for v in keras_variables]
 
 
-def all_sum(values, env):
-    """[hvd 7] Sum a few numbers over all ranks (metrics), so every rank reports the global value."""
-    return hvd.allreduce(tf.constant(values, tf.float64), op=hvd.Sum, name="metrics").numpy().tolist()
-
-
-def all_max(value, env):
-    return float(hvd.allreduce(tf.constant([value], tf.float64), op=hvd.Max, name="max").numpy()[0])
+def shard(x, y, epoch, args):
+    """[3] This rank's batches of one epoch: every rank shuffles with the same seed, then takes its own shard
+    by *global* rank (hvd.rank(), not the local rank: that repeats on every node). Every rank runs as many
+    steps (a rank with an extra step would wait forever in an all-reduce the others never join)."""
+    steps = len(y) // hvd.size() // args.batch_size
+    if steps == 0:
+        raise data.DataError(f"{len(y)} training samples are too few for {hvd.size()} ranks x batch "
+                             f"{args.batch_size}: lower --batch-size or the ranks")
+    steps = min(steps, args.max_steps or steps)
+    dataset = (tf.data.Dataset.from_tensor_slices((x, y))
+               .shuffle(len(y), seed=args.seed + epoch, reshuffle_each_iteration=False)
+               .shard(num_shards=hvd.size(), index=hvd.rank())
+               .batch(args.batch_size, drop_remainder=True).take(steps).prefetch(2))
+    return one_thread(dataset), steps
 
 
 def make_train_step(model, optimizer, args):
@@ -60,12 +67,12 @@ def make_train_step(model, optimizer, args):
         with tf.GradientTape() as tape:
             logits = model(x, training=True)
             loss = loss_fn(y, logits)
-        # [hvd 5] the tape all-reduces (averages) each gradient across ranks when it is computed
+        # [6] gradients averaged: the tape all-reduces each gradient across ranks as it computes it
         tape = hvd.DistributedGradientTape(tape, compression=compression,
                                            op=hvd.Adasum if args.use_adasum else hvd.Average,
                                            gradient_predivide_factor=args.gradient_predivide_factor)
         grads = tape.gradient(loss, tf_variables(model.trainable_variables))
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))  # [hvd 6] identical update everywhere
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))  # the same update on every rank
         correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, 1, output_type=y.dtype), y), tf.float64))
         return loss, correct
     return train_step
@@ -85,15 +92,15 @@ def train_epoch(train_step, optimizer, dataset, num_steps, epoch, lr_of_step, en
     return loss_sum, correct, seen
 
 
-def evaluate(model, x, y, indices, batch_size):
+def evaluate(model, dataset):
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="sum")
-    loss_sum, correct = 0.0, 0
-    for start in range(0, len(indices), batch_size):
-        idx = indices[start:start + batch_size]
-        logits = model(x[idx], training=False)
-        loss_sum += float(loss_fn(y[idx], logits))
-        correct += int((logits.numpy().argmax(1) == y[idx]).sum())
-    return loss_sum, correct, len(indices)
+    loss_sum, correct, seen = 0.0, 0, 0
+    for x, y in dataset:
+        logits = model(x, training=False)
+        loss_sum += float(loss_fn(y, logits))
+        correct += int((logits.numpy().argmax(1) == y.numpy()).sum())
+        seen += len(y)
+    return [loss_sum, correct, seen]
 
 
 def main():
@@ -103,15 +110,16 @@ def main():
     wall_start = time.perf_counter()
 
     # --- set up distributed ----------------------------------------------------------------------
-    launcher = dist.discover()
-    # Horovod reads its knobs at init: on CPU a longer cycle time (utils/dist.py; README, Performance)
-    knobs = dist.horovod_knobs(on_cpu=args.device == "cpu" or not tf.config.list_physical_devices("GPU"),
-                               dist_timeout=args.dist_timeout)
-    hvd.init()  # [hvd 1] start Horovod: rank, size and local rank come from horovodrun or MPI
-    env = dist.DistEnv(hvd.rank(), hvd.local_rank(), hvd.size(), hvd.local_size(), launcher.launcher,
-                       backend="horovod-" + ("mpi" if hvd.mpi_enabled() else "gloo"))
-    env.num_threads = dist.threads_per_rank(args.num_threads, env.local_world_size)
-    env.device = configure_tf(args.device, env.local_rank, env.num_threads)  # [hvd 2] one GPU per process
+    # Horovod reads its knobs at init: on CPU ranks a longer cycle time (utils/dist.py says why)
+    knobs = course.horovod_knobs(on_cpu=args.device == "cpu" or not tf.config.list_physical_devices("GPU"),
+                                 dist_timeout=args.dist_timeout)
+    # [1] Start Horovod: rank, local rank and size come from horovodrun or the MPI launcher.
+    hvd.init()
+    env = course.DistEnv(hvd.rank(), hvd.local_rank(), hvd.size(), hvd.local_size(), course.discover().launcher,
+                         backend="horovod-" + ("mpi" if hvd.mpi_enabled() else "gloo"))
+    env.num_threads = course.threads_per_rank(args.num_threads, hvd.local_size())
+    # [2] Pin this rank to one device: of the GPUs, only number hvd.local_rank() stays visible (CPU: threads).
+    env.device = configure_tf(args.device, hvd.local_rank(), env.num_threads)
     log.configure(env.rank, args.log_all_ranks)
     if args.use_adasum and not hvd.mpi_enabled():
         raise log.UserError("--use-adasum needs the MPI controller (mpiexec, horovodrun --mpi): gloo has no Adasum")
@@ -126,26 +134,27 @@ def main():
                             barrier=lambda: hvd.broadcast_object(None, root_rank=0))  # hvd.tensorflow has no barrier
     log.info(mnist.describe())
     x_train, y_train, x_test, y_test = images(mnist.x_train), mnist.y_train, images(mnist.x_test), mnist.y_test
-    test_idx = data.test_shard(len(y_test), env.rank, env.world_size)
+    test_set = one_thread(tf.data.Dataset.from_tensor_slices((x_test, y_test))  # [3] evaluation sharded too
+                          .shard(hvd.size(), hvd.rank()).batch(args.test_batch_size))
 
     # --- model and optimizer ---------------------------------------------------------------------
     keras.utils.set_random_seed(args.seed)
     model = build_model(keras, args.dropout)
-    # [hvd 3] scale the LR by the number of workers (Adasum adapts to the gradients instead: no scaling)
-    lr = scaled_lr(args.lr, env.world_size, not (args.no_lr_scaling or args.use_adasum))
+    # [4] Scale the LR with the global batch (Adasum adapts to the gradients instead: no scaling).
+    lr = scaled_lr(args.lr, hvd.size(), not (args.no_lr_scaling or args.use_adasum))
     optimizer = keras.optimizers.SGD(learning_rate=lr, momentum=args.momentum)
     optimizer.build(model.trainable_variables)  # create the momentum slots now, so they can be broadcast
     epoch_var = tf.Variable(0, dtype=tf.int64)
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, epoch=epoch_var)
     manager = tf.train.CheckpointManager(checkpoint, args.checkpoint_dir or str(Path(log_dir) / "checkpoints"),
                                          max_to_keep=2)
-    if args.resume and env.is_main:  # rank 0 restores; the broadcast below hands the state to everyone
+    if args.resume and env.is_main:  # [8] rank 0 restores; [5]'s broadcast hands the state to everyone
         restored = restore_latest(checkpoint, manager)  # one line on stderr if it is missing or does not fit
         log.info(f"resumed from {restored}: continuing at epoch {int(epoch_var) + 1}")
     first_epoch = hvd.broadcast_object(int(epoch_var), root_rank=0) + 1
     run.keep_epochs_before(first_epoch)
-    # [hvd 4] start every rank from rank 0's weights and optimizer state. Horovod's own TF2 example does this
-    # after the first step, because Keras 2 created optimizer slots lazily; built up front, we can do it first.
+    # [5] Start every rank from rank 0's weights and optimizer state. Horovod's own TF2 example does this after
+    #     the first step, because Keras 2 created optimizer slots lazily; built up front, we can do it first.
     hvd.broadcast_variables(tf_variables(model.variables), root_rank=0)
     hvd.broadcast_variables(tf_variables(optimizer.variables), root_rank=0)
     train_step = make_train_step(model, optimizer, args)
@@ -155,22 +164,21 @@ def main():
     # --- train / evaluate ------------------------------------------------------------------------
     for epoch in range(first_epoch, args.epochs + 1):
         keras.utils.set_random_seed(args.seed + 1000 * epoch + env.rank)  # dropout masks, reproducible on resume
-        # [hvd 0] shard by the *global* rank (the original workshop script used the local rank: wrong on >1 node)
-        steps = data.epoch_batches(len(y_train), args.batch_size, env.rank, env.world_size,
-                                   args.seed, epoch, args.max_steps)
-        dataset = shard_dataset(x_train, y_train, steps, args.batch_size)
+        dataset, steps = shard(x_train, y_train, epoch, args)  # [3] a new shuffle each epoch, the same everywhere
 
-        def lr_of_step(step):
-            return lr_at(epoch - 1 + step / len(steps), args.lr, lr, args.lr_warmup_epochs)
+        def lr_of_step(step):  # linear warmup from the base LR to the scaled one (--lr-warmup-epochs)
+            return lr_at(epoch - 1 + step / steps, args.lr, lr, args.lr_warmup_epochs)
 
         start = time.perf_counter()
-        train = train_epoch(train_step, optimizer, dataset, len(steps), epoch, lr_of_step, env, args)
-        train_time = all_max(time.perf_counter() - start, env)
-        test = evaluate(model, x_test, y_test, test_idx, args.test_batch_size)
-        run.epoch_end(epoch, all_sum(train + test, env), float(optimizer.learning_rate.numpy()),
+        train = train_epoch(train_step, optimizer, dataset, steps, epoch, lr_of_step, env, args)
+        train_time = float(hvd.allreduce(tf.constant(time.perf_counter() - start, tf.float64), op=hvd.Max,
+                                         name="time"))  # the slowest rank's time
+        sums = tf.constant(list(train) + evaluate(model, test_set), tf.float64)
+        sums = hvd.allreduce(sums, op=hvd.Sum, name="metrics")  # [7] metrics summed over ranks: all global
+        run.epoch_end(epoch, sums.numpy().tolist(), float(optimizer.learning_rate.numpy()),
                       time.perf_counter() - start, train_time, env, FRAMEWORK)
         epoch_var.assign(epoch)
-        if env.is_main:  # one writer; TensorFlow writes to temporary files and renames
+        if env.is_main:  # [8] one writer; TensorFlow writes to temporary files and renames
             manager.save()
 
     # --- summary ---------------------------------------------------------------------------------

@@ -1,6 +1,10 @@
-"""Test-only fault injection: does nothing unless one of its environment variables is set.
+"""Test-only fault injection, from outside the examples: nothing in a lesson or in utils/ knows about it.
 
-tests/test_failures.py uses it to make failures happen at a chosen moment, through the real code paths:
+tests/test_failures.py runs an example with tests/hooks on PYTHONPATH and one of the variables below set;
+Python then imports tests/hooks/sitecustomize.py at start-up (in every rank, under any launcher: they all
+pass the environment on), which wraps two functions of utils/log.py before the example imports it:
+`Progress.update` (called once per training step on every rank) and `atomic_write` (every file the course
+writes). The failure then happens at a chosen moment, through the real code paths:
 
 COURSE_FAIL_AT=<rank>:<epoch>:<step>[:kill]
     That rank stops when it reaches training step <step> (1-based) of epoch <epoch>: exit code 3, or SIGKILL of
@@ -29,7 +33,7 @@ def _die(kill):
 
 
 def at_step(rank, epoch, step):
-    """Called by utils.log.Progress.update once per training step, on every rank."""
+    """Called (through the wrapper of utils.log.Progress.update) once per training step, on every rank."""
     spec = os.environ.get("COURSE_FAIL_AT")
     if not spec or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
         return
@@ -40,7 +44,8 @@ def at_step(rank, epoch, step):
 
 
 def in_write(path, f, tmp):
-    """Called by utils.log.atomic_write after the data reached the temporary file `tmp`, before the rename."""
+    """Called (through the wrapper of utils.log.atomic_write) after the data reached the temporary file `tmp`,
+    before the fsync and the rename."""
     spec = os.environ.get("COURSE_DIE_IN_WRITE")
     if not spec:
         return
@@ -63,5 +68,27 @@ def _watch(pattern):
     _die(kill=True)
 
 
-if os.environ.get("COURSE_DIE_ON_FILE"):
-    threading.Thread(target=_watch, args=(os.environ["COURSE_DIE_ON_FILE"],), daemon=True).start()
+def install():
+    """Wrap utils/log.py's Progress.update and atomic_write (imported here first, so every later
+    `from utils.log import atomic_write` gets the wrapper), and start the file watcher if asked."""
+    from utils import log
+
+    update = log.Progress.update
+
+    def update_and_maybe_fail(self, step, loss):
+        at_step(log._RANK, self.epoch, step)
+        return update(self, step, loss)
+    log.Progress.update = update_and_maybe_fail
+
+    atomic_write = log.atomic_write
+
+    def atomic_write_and_maybe_die(path, write_fn, mode="w"):
+        def write_then_check(f):
+            write_fn(f)
+            f.flush()
+            in_write(path, f, os.readlink(f"/proc/self/fd/{f.fileno()}"))  # the temporary file's name
+        return atomic_write(path, write_then_check, mode)
+    log.atomic_write = atomic_write_and_maybe_die
+
+    if os.environ.get("COURSE_DIE_ON_FILE"):
+        threading.Thread(target=_watch, args=(os.environ["COURSE_DIE_ON_FILE"],), daemon=True).start()
