@@ -3,17 +3,12 @@ import json
 
 import pytest
 
-from conftest import BIN, ROOT, check, error_lines, free_port, metrics, mpiexec, python, run, summary, torchrun
+from conftest import ROOT, check, deepspeed_launcher, error_lines, metrics, mpiexec, python, run, summary, torchrun
 
 SCRIPT = "deepspeed/main.py"
 QUICK = ["--epochs", "2", "--max-steps", "8", "--log-interval", "4"]
 DDP_METRIC_KEYS = {"epoch", "train_loss", "train_acc", "test_loss", "test_acc", "lr", "epoch_time_s", "train_time_s",
                    "samples_per_s", "world_size", "framework", "launcher"}
-
-
-def deepspeed_launcher(nproc, script, *args):
-    # On CPUs `deepspeed` alone starts one process: --num_gpus is the process count there.
-    return [BIN / "deepspeed", "--num_gpus", nproc, "--master_port", free_port(), ROOT / script, *args]
 
 
 @pytest.mark.parametrize("launcher,stage,name", [(deepspeed_launcher, "2", "deepspeed"), (torchrun, "3", "torchrun"),

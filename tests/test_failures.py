@@ -1,8 +1,10 @@
 """Failure behaviour of every example under every launcher (issue 8): dead ranks, interrupted runs, bad input,
 determinism. Every test launches real processes, each with a timeout.
 
-Faults are injected either from outside (SIGKILL of a rank found in the launcher's process tree) or through
-utils/faults.py, a test-only hook that is off unless COURSE_FAIL_AT / COURSE_DIE_IN_WRITE is set.
+Faults are injected from outside the examples: SIGKILL of a rank found in the launcher's process tree, or
+tests/hooks/faults.py, which tests/hooks/sitecustomize.py installs around utils/log.py at interpreter start-up
+when a test sets COURSE_FAIL_AT / COURSE_DIE_IN_WRITE / COURSE_DIE_ON_FILE (conftest.run then puts tests/hooks on
+PYTHONPATH). No lesson and nothing in utils/ knows about it.
 
 Timing fields (epoch_time_s, train_time_s, samples_per_s) are wall-clock measurements: every comparison of
 metrics histories below leaves them out, and compares everything else exactly.
@@ -20,7 +22,7 @@ import psutil
 import pytest
 import torch
 
-from conftest import BIN, ROOT, error_lines, free_port, horovodrun, metrics, mpiexec, python, run, summary, torchrun
+from conftest import BIN, ROOT, deepspeed_launcher, error_lines, horovodrun, launch_command, metrics, mpiexec, python, run, summary, torchrun
 
 sys.path.append(str(ROOT))
 from utils import data  # noqa: E402
@@ -31,10 +33,6 @@ SCRIPTS = [DDP, HVD_TORCH, HVD_TF, KERAS, DS]
 RESUMABLE = [DDP, HVD_TORCH, HVD_TF, DS]  # keras_main.py (model.fit) has no --resume
 TIMING = {"epoch_time_s", "train_time_s", "samples_per_s"}
 KILL_DEADLINE_S = 60
-
-
-def deepspeed_launcher(nproc, script, *args):
-    return [BIN / "deepspeed", "--num_gpus", nproc, "--master_port", free_port(), ROOT / script, *args]
 
 
 def without_timing(history):
@@ -256,8 +254,8 @@ def test_torchrun_elastic_restart_resumes_from_the_checkpoint(tmp_path, tiny):
     epoch 1's checkpoint by themselves (--resume auto) and end exactly where an uninterrupted run ends."""
     flags = ["--epochs", "3", "--batch-size", "32", "--num-threads", "1", "--seed", "7", "--data-dir", tiny]
     checked(run(torchrun(2, DDP, *flags, "--log-dir", tmp_path / "straight"), timeout=240))
-    elastic = [BIN / "torchrun", "--nproc_per_node", "2", "--max-restarts", "1", "--master_addr", "127.0.0.1",
-               "--master_port", free_port(), ROOT / DDP, *flags, "--resume", "auto", "--log-dir", tmp_path / "elastic"]
+    elastic = launch_command(DDP, 2, "torchrun", [*flags, "--resume", "auto", "--log-dir", tmp_path / "elastic"],
+                             launcher_flags=["--max-restarts", "1"])
     result = checked(run(elastic, timeout=300, env={"COURSE_FAIL_AT": "1:2:3"}))
     output = result.stdout + result.stderr
     assert "COURSE_FAIL_AT: rank 1 stops at epoch 2 step 3" in output

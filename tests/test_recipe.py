@@ -1,0 +1,74 @@
+"""The course's shape: one recipe numbering in every lesson, each number explained where the lesson is read,
+lessons short enough to read top to bottom and free of test or benchmark hooks."""
+import re
+
+import pytest
+
+from conftest import ROOT
+
+# The recipe (README.md, "The recipe"): the same number means the same step in every lesson.
+STEPS = {1: "start the process group / runtime", 2: "pin the device to the local rank",
+         3: "shard the data by global rank", 4: "scale the LR",
+         5: "wrap the model/optimizer/engine and start from rank 0's state", 6: "gradients averaged",
+         7: "metrics summed over ranks", 8: "one writer for checkpoints, resume"}
+LESSONS = {  # script: the README that explains its lines
+    "DDP/main.py": "DDP/README.md",
+    "horovod/pytorch/main.py": "horovod/pytorch/README.md",
+    "horovod/tensorflow/main.py": "horovod/tensorflow/README.md",
+    "horovod/tensorflow/keras_main.py": "horovod/tensorflow/README.md",
+    "deepspeed/main.py": "deepspeed/README.md",
+    "zero/main.py": "zero/README.md",
+}
+MARKER = re.compile(r"#.*?\[([^\]\s]*)\]")  # a [..] inside a comment
+NUMBERED = re.compile(r"\[(\d+)\]")
+
+
+def markers(script):
+    """Every marker written in the script's comments: '[3]' -> '3', and anything else in brackets that looks
+    like a marker ('[ddp 2]', '[hvd 4b]', '[9]') so that the test can refuse it."""
+    found = []
+    for line in (ROOT / script).read_text().splitlines():
+        if "#" not in line:
+            continue
+        comment = line[line.index("#"):]
+        found += re.findall(r"\[(\d+\w*|[a-z]+ \d+\w*)\]", comment)
+    return found
+
+
+@pytest.mark.parametrize("script", LESSONS)
+def test_every_marker_is_a_shared_step(script):
+    used = markers(script)
+    assert used, f"{script} marks none of the recipe's steps"
+    wrong = [m for m in used if not (m.isdigit() and int(m) in STEPS)]
+    assert not wrong, f"{script}: markers that are not the recipe's steps 1-8: {wrong}"
+
+
+@pytest.mark.parametrize("script,readme", LESSONS.items())
+def test_every_marker_is_explained_in_the_folder_readme(script, readme):
+    explained = set(NUMBERED.findall((ROOT / readme).read_text()))
+    missing = sorted({m for m in markers(script) if m not in explained}, key=int)
+    assert not missing, f"{readme} never explains {', '.join(f'[{m}]' for m in missing)} used in {script}"
+
+
+def test_the_core_steps_are_in_every_training_lesson():
+    """Start, pin, shard, scale, wrap, average, sum: every framework's lesson shows all seven."""
+    for script in ("DDP/main.py", "horovod/pytorch/main.py", "horovod/tensorflow/main.py", "deepspeed/main.py"):
+        assert {str(n) for n in range(1, 9)} <= set(markers(script)), script
+
+
+@pytest.mark.parametrize("script", [s for s in LESSONS if s != "zero/main.py"])
+def test_lessons_are_short_and_carry_no_hooks(script):
+    text = (ROOT / script).read_text()
+    assert len(text.splitlines()) <= 200, f"{script}: {len(text.splitlines())} lines (at most 200)"
+    for hook in (r"\bfaults\b", "COURSE_", "PHASES_OUT", "SCALING_DL_", r"\bbench"):
+        assert not re.search(hook, text), f"{script} mentions {hook!r}: tests and tools wrap a lesson from outside"
+
+
+def test_nothing_a_lesson_imports_reads_a_test_variable():
+    for path in (ROOT / "utils").glob("*.py"):
+        text = path.read_text()
+        assert "COURSE_FAIL" not in text and "COURSE_DIE" not in text and "import faults" not in text, path
+
+
+def test_the_front_page_is_short():
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 250
