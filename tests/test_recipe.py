@@ -56,10 +56,11 @@ def test_the_core_steps_are_in_every_training_lesson():
         assert {str(n) for n in range(1, 9)} <= set(markers(script)), script
 
 
-@pytest.mark.parametrize("script", [s for s in LESSONS if s != "zero/main.py"])
+@pytest.mark.parametrize("script", LESSONS)
 def test_lessons_are_short_and_carry_no_hooks(script):
     text = (ROOT / script).read_text()
-    assert len(text.splitlines()) <= 200, f"{script}: {len(text.splitlines())} lines (at most 200)"
+    limit = 250 if script.startswith("zero/") else 200  # the ZeRO lesson sets up eight variants
+    assert len(text.splitlines()) <= limit, f"{script}: {len(text.splitlines())} lines (at most {limit})"
     for hook in (r"\bfaults\b", "COURSE_", "PHASES_OUT", "SCALING_DL_", r"\bbench"):
         assert not re.search(hook, text), f"{script} mentions {hook!r}: tests and tools wrap a lesson from outside"
 

@@ -1,23 +1,33 @@
-"""zero/main.py: every ZeRO stage (and offload, and PyTorch's counterparts) trains exactly like stage 0, and the
-measured per-rank bytes follow the ZeRO paper's formula."""
+"""zero/: every ZeRO stage (and offload, and PyTorch's counterparts) trains exactly like stage 0, and the measured
+per-rank bytes follow the ZeRO paper's formula. zero/report.py launches zero/main.py once per variant under
+torchrun; zero/census.py counts the bytes."""
 import json
 import sys
 
 import pytest
 
-from conftest import ROOT, check, python, run
+from conftest import ROOT, check, error_lines, python, run, torchrun
 
 sys.path.append(str(ROOT))  # after site-packages (see tests/test_shadowing.py)
-from zero.main import VARIANTS, formula  # noqa: E402
+from zero.census import formula  # noqa: E402
+from zero.main import VARIANTS  # noqa: E402
+
+LESSON, REPORT = "zero/main.py", "zero/report.py"
+SMALL = ["--hidden", "64", "--layers", "1"]  # ~55k parameters: seconds per launch
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory):
+def report(tmp_path_factory):
     """One run of every variant on 2 ranks, with a small MLP (~0.9M parameters) and 4 Adam steps."""
     out = tmp_path_factory.mktemp("zero") / "zero.json"
-    check(run(python("zero/main.py", "--ranks", "2", "--hidden", "512", "--layers", "2", "--steps", "4",
-                     "--lr", "0.003", "--json", out), timeout=840))
-    return {r["variant"]: r for r in json.loads(out.read_text())}
+    result = check(run(python(REPORT, "--ranks", "2", "--hidden", "512", "--layers", "2", "--steps", "4",
+                              "--lr", "0.003", "--json", out), timeout=840))
+    return {r["variant"]: r for r in json.loads(out.read_text())}, result.stdout
+
+
+@pytest.fixture(scope="module")
+def results(report):
+    return report[0]
 
 
 def test_formula_matches_the_paper():
@@ -31,6 +41,7 @@ def test_formula_matches_the_paper():
 def test_every_variant_ran_on_two_ranks(results):
     assert set(results) == set(VARIANTS)
     assert all(r["ranks"] == 2 and len(r["per_rank"]) == 2 for r in results.values())
+    assert all(sorted(pr["rank"] for pr in r["per_rank"]) == [0, 1] for r in results.values())
 
 
 def test_every_stage_trains_and_matches_stage_0(results):
@@ -58,3 +69,43 @@ def test_parameters_are_partitioned_only_at_stage_3(results):
     # stage 0 keeps everything: full gradients and full Adam state on every rank
     for rank in results["ds0"]["per_rank"]:
         assert rank["grads"] == pytest.approx(4 * psi, rel=0.1) and rank["optim"] == pytest.approx(8 * psi, rel=0.1)
+
+
+def test_the_report_prints_a_row_and_a_loss_line_per_variant(report):
+    results, stdout = report
+    for variant, r in results.items():
+        assert f"| {r['label']} | " in stdout, variant
+        assert f"| {variant} | {' '.join(f'{v:.6f}' for v in r['losses'])} | " in stdout, variant
+
+
+def test_the_lesson_runs_in_one_process_without_a_launcher(tmp_path):
+    """No launcher: a process group of one, which DeepSpeed's ZeRO-3 engine needs too; every byte stays here."""
+    out = tmp_path / "one.json"
+    result = check(run(python(LESSON, "--variant", "ds3", *SMALL, "--steps", "2", "--json", out), timeout=300))
+    assert "on 1 rank(s) via python" in result.stdout and "step 2  loss" in result.stdout, result.stdout
+    r = json.loads(out.read_text())
+    assert r["ranks"] == 1 and [pr["rank"] for pr in r["per_rank"]] == [0] and len(r["losses"]) == 2
+    assert r["per_rank"][0]["params"] == pytest.approx(4 * r["psi"], rel=0.1)  # a slice of one is the whole
+    assert r["per_rank"][0]["optim"] == pytest.approx(8 * r["psi"], rel=0.1)
+
+
+@pytest.mark.parametrize("flags,words", [
+    (["--steps", "1"], "--steps must be at least 2"),
+    (["--steps", "100"], "needs more than the 4,000 training digits"),
+    (["--variant", "ds4"], "--variant"),
+], ids=["one-step", "too-many-digits", "unknown-variant"])
+def test_bad_input_fails_every_rank_with_one_line(flags, words):
+    result = run(torchrun(2, LESSON, *SMALL, *flags), timeout=180)
+    assert result.returncode != 0
+    errors = error_lines(result.stderr)
+    assert len(errors) == 2 and all(words in e for e in errors), result.stderr[-3000:]  # one line from each rank
+    assert f'File "{ROOT / LESSON}"' not in result.stderr  # no traceback from the lesson (torchrun prints its own)
+
+
+@pytest.mark.parametrize("flags,words", [(["--ranks", "0"], "--ranks"), (["--hidden", "8"], "--hidden")])
+def test_the_reports_bad_input_is_one_line_and_exit_2(flags, words):
+    result = run(python(REPORT, *flags), timeout=120)
+    assert result.returncode == 2
+    errors = error_lines(result.stderr)
+    assert len(errors) == 1 and words in errors[0], result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
