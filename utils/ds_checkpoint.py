@@ -35,7 +35,7 @@ class SafeCheckpointEngine(TorchCheckpointEngine):
 
 
 def use_safe_checkpoints(engine):
-    """[ds 7] Replace the engine's checkpoint writer/reader (it is created in deepspeed.initialize)."""
+    """[8] Replace the engine's checkpoint writer/reader (it is created in deepspeed.initialize)."""
     engine.checkpoint_engine = SafeCheckpointEngine(engine._config)
 
 

@@ -163,7 +163,9 @@ def main():
 
     # --- train / evaluate ------------------------------------------------------------------------
     for epoch in range(first_epoch, args.epochs + 1):
-        keras.utils.set_random_seed(args.seed + 1000 * epoch + env.rank)  # dropout masks, reproducible on resume
+        # Reseeded each epoch; still, Keras 3's dropout layers draw from seed generators of their own that no
+        # checkpoint records: a resumed run repeats an uninterrupted one exactly only with --dropout 0.
+        keras.utils.set_random_seed(args.seed + 1000 * epoch + env.rank)
         dataset, steps = shard(x_train, y_train, epoch, args)  # [3] a new shuffle each epoch, the same everywhere
 
         def lr_of_step(step):  # linear warmup from the base LR to the scaled one (--lr-warmup-epochs)
