@@ -139,7 +139,8 @@ def main():
     A = args.grad_accum
     loaders = [DataLoader(train_set, batch_size=args.batch_size, drop_last=True,
                           sampler=DistributedSampler(train_set, num_replicas=env.world_size * A,
-                                                     rank=env.rank * A + k, shuffle=True, seed=args.seed))
+                                                     rank=env.rank * A + k, shuffle=True, seed=args.seed,
+                                                     drop_last=True))
                for k in range(A)]
     test_loader = DataLoader(test_set, batch_size=args.test_batch_size, sampler=DistributedSampler(
         test_set, num_replicas=env.world_size, rank=env.rank, shuffle=False))

@@ -87,7 +87,8 @@ def lesson_loaders(n, batch, rank, world, seed, epoch, grad_accum=1):
     dataset = TensorDataset(torch.arange(n))
     loaders = [DataLoader(dataset, batch_size=batch, drop_last=True,
                           sampler=DistributedSampler(dataset, num_replicas=world * grad_accum,
-                                                     rank=rank * grad_accum + k, shuffle=True, seed=seed))
+                                                     rank=rank * grad_accum + k, shuffle=True, seed=seed,
+                                                     drop_last=True))
                for k in range(grad_accum)]
     for loader in loaders:
         loader.sampler.set_epoch(epoch)

@@ -44,8 +44,9 @@ def steps_per_epoch(loaders, max_steps=None):
     steps = len(loaders[0])
     if steps == 0:
         sampler = loaders[0].sampler
-        raise DataError(f"{len(sampler.dataset)} training samples are too few for {sampler.num_replicas} "
-                        f"(emulated) ranks x batch {loaders[0].batch_size}: lower --batch-size or the ranks")
+        raise DataError(f"{len(sampler.dataset)} training samples are too few for {sampler.num_replicas} ranks x "
+                        f"batch {loaders[0].batch_size} (with --grad-accum A, count A ranks for each): lower "
+                        "--batch-size or the ranks")
     return min(steps, max_steps) if max_steps else steps
 
 

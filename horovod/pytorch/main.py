@@ -118,7 +118,8 @@ def main():
     A = args.grad_accum
     loaders = [DataLoader(train_set, batch_size=args.batch_size, drop_last=True,
                           sampler=DistributedSampler(train_set, num_replicas=hvd.size() * A,
-                                                     rank=hvd.rank() * A + k, shuffle=True, seed=args.seed))
+                                                     rank=hvd.rank() * A + k, shuffle=True, seed=args.seed,
+                                                     drop_last=True))
                for k in range(A)]
     test_loader = DataLoader(test_set, batch_size=args.test_batch_size, sampler=DistributedSampler(
         test_set, num_replicas=hvd.size(), rank=hvd.rank(), shuffle=False))
