@@ -64,13 +64,14 @@ def test_resume_matches_an_uninterrupted_run(tmp_path):
     (["--data-dir", "/no/such/dir"], "/no/such/dir"),
     (["--epochs", "two"], "--epochs"),
     (["--no-such-flag"], "--no-such-flag"),
+    (["--epoch", "1"], "--epoch 1"),  # an abbreviation of --epochs is refused, not taken for it
 ])
 def test_bad_input_is_one_line_and_non_zero(tmp_path, flags, words):
     result = run(python(SCRIPT, *flags, "--log-dir", tmp_path), timeout=120)
     assert result.returncode != 0
     errors = error_lines(result.stderr)
     assert len(errors) == 1 and words in errors[0], result.stderr
-    assert "Traceback" not in result.stderr
+    assert "Traceback" not in result.stderr and "usage:" not in result.stderr  # one line, not the usage block
 
 
 def test_bad_input_fails_every_rank_under_torchrun(tmp_path):

@@ -58,9 +58,19 @@ def checkpoint_exists(args):
     return any(os.path.isfile(os.path.join(folder, name)) for name in CHECKPOINT_MARKERS)
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, with two changes: a mistake is one line (`main.py: error: ...` and where to look, not the usage
+    block first), and no abbreviations (`--epoch 1` is an error, not a silent `--epochs 1`)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(allow_abbrev=False, **kwargs)
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def get_parser(description):
-    p = argparse.ArgumentParser(description=description,
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = Parser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     g = p.add_argument_group("training")
     g.add_argument("--epochs", type=positive_int, default=2, help="training epochs")
     g.add_argument("--batch-size", type=positive_int, default=32, help="training batch size *per rank*")
