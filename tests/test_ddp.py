@@ -86,3 +86,13 @@ def test_missing_mnist_in_data_dir_is_reported(tmp_path):
     assert error_lines(result.stderr) == [f"error: no MNIST in {tmp_path} (expected MNIST/raw/"
                                           "train-images-idx3-ubyte[.gz] etc. or mnist.npz); add --download, "
                                           "or omit --data-dir to use the shipped digits"]
+
+
+def test_resume_auto_on_a_finished_run_leaves_it_alone(tmp_path):
+    quick = ["--epochs", "1", "--max-steps", "3", "--log-dir", tmp_path]
+    check(run(torchrun(2, SCRIPT, *quick), timeout=240))
+    before = {name: (tmp_path / name).read_bytes() for name in ("summary.json", "metrics.jsonl", "config.json")}
+    again = check(run(torchrun(2, SCRIPT, *quick, "--resume", "auto"), timeout=240))
+    assert again.stdout.count("nothing left to do") == 1, again.stdout  # said once (rank 0), exit 0
+    assert "epoch  1" not in again.stdout  # no training
+    assert {name: (tmp_path / name).read_bytes() for name in before} == before

@@ -5,7 +5,9 @@ validated here so that bad input gets a one-line message and exit code 2 on ever
 process group exists (argparse prints ``main.py: error: ...``).
 """
 import argparse
+import json
 import os
+import sys
 
 
 def positive_int(text):
@@ -67,6 +69,15 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def epochs_done(log_dir):
+    """The last epoch in <log_dir>/metrics.jsonl (0 if there is none)."""
+    try:
+        with open(os.path.join(log_dir or "", "metrics.jsonl")) as f:
+            return max((json.loads(line)["epoch"] for line in f if line.strip()), default=0)
+    except (OSError, ValueError, KeyError):
+        return 0
 
 
 def get_parser(description):
@@ -135,6 +146,13 @@ def parse(parser, argv=None):
         parser.error("--resume needs --checkpoint-dir (or the --log-dir of the run to continue)")
     if args.resume == "auto":  # from here on every script sees a plain yes/no
         args.resume = checkpoint_exists(args)
+        done = epochs_done(args.log_dir)
+        if args.resume and done >= args.epochs:  # a restarted job that had finished: leave its files alone
+            from utils.dist import discover
+            if discover().rank == 0:
+                print(f"--resume auto: {args.log_dir} has finished {done} of {args.epochs} epoch(s) already: "
+                      "nothing left to do", flush=True)
+            sys.exit(0)
     if args.backend == "nccl" and args.device == "cpu":
         parser.error("--backend nccl needs GPUs; use --backend gloo with --device cpu")
     return args
