@@ -14,6 +14,9 @@ from datetime import timedelta
 from itertools import islice
 from pathlib import Path
 
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # the repo root *after* site-packages
+import utils  # noqa: E402  (before the frameworks: a missing one is then one line that says how to get it)
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -21,7 +24,6 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-sys.path.append(str(Path(__file__).resolve().parents[1]))  # the repo root *after* site-packages
 from utils import data, log  # noqa: E402
 from utils import dist as course  # noqa: E402  (which variables each launcher sets; metrics helpers)
 from utils.parse_args import clip_flag, get_parser, parse  # noqa: E402
@@ -106,6 +108,8 @@ def main():
     # [3] Shard by *global* rank: each rank draws its own 1/world_size of every shuffled epoch (the same
     #     permutation everywhere, seeded). --grad-accum A: a rank plays A ranks of a world A times larger.
     A = args.grad_accum
+    if A > 1:
+        log.info(f"--grad-accum {A}: each step averages {A} micro-batches per rank: an emulated world of {env.world_size * A}")
     loaders = [DataLoader(train_set, batch_size=args.batch_size, drop_last=True,
                           sampler=DistributedSampler(train_set, num_replicas=env.world_size * A,
                                                      rank=env.rank * A + k, shuffle=True, seed=args.seed,

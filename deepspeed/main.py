@@ -18,6 +18,9 @@ from datetime import timedelta
 from itertools import islice
 from pathlib import Path
 
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # the repo root *after* site-packages
+import utils  # noqa: E402  (before the frameworks: a missing one is then one line that says how to get it)
+
 import deepspeed  # the installed library: this folder has no __init__.py and the repo root goes last
 import torch
 import torch.distributed as dist
@@ -26,7 +29,6 @@ from deepspeed.accelerator import get_accelerator
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-sys.path.append(str(Path(__file__).resolve().parents[1]))  # the repo root *after* site-packages
 from utils import data, ds_checkpoint, ds_config, log  # noqa: E402
 from utils import dist as course  # noqa: E402  (which variables each launcher sets; metrics helpers)
 from utils.parse_args import get_parser, parse  # noqa: E402
@@ -46,8 +48,8 @@ def deepspeed_flags(parser):
                    help="override zero_optimization.stage of the config (0: plain data parallel)")
     g.add_argument("--offload", action="store_true",
                    help="ZeRO-Offload: optimizer states and step on the CPU (stage 1-3; DeepSpeedCPUAdam, a JIT-built op)")
-    # The deepspeed launcher appends --local_rank=N to the script's arguments; the rank comes from the environment.
-    parser.add_argument("--local_rank", "--local-rank", type=int, default=-1, help=argparse.SUPPRESS)
+    parser.add_argument("--local_rank", "--local-rank", type=int, default=-1,  # the deepspeed launcher adds it;
+                        help=argparse.SUPPRESS)  # the rank comes from the environment
     parser.set_defaults(lr=1e-3)  # Adam's usual rate for one rank (the common default is meant for SGD)
     return parser
 
@@ -89,8 +91,8 @@ def evaluate(engine, loader):
 
 def main():
     args = parse(deepspeed_flags(get_parser(__doc__)))
+    course.default_extensions_dir()  # JIT-built ops (cpu_adam for --offload) are cached outside the checkout
     wall_start = time.perf_counter()
-
     # [1] Who am I? The launcher's variables give rank, local rank and world size (table in utils/dist.py).
     env = course.export_rendezvous(course.discover())  # + MASTER_ADDR/PORT (stays on loopback on one host)
     if not env.distributed:  # DeepSpeed wants a process group even for one process: a private one
@@ -103,7 +105,6 @@ def main():
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     env.num_threads = course.threads_per_rank(args.num_threads, env.local_world_size)
     torch.set_num_threads(env.num_threads)
-    course.default_extensions_dir()  # JIT-built ops (cpu_adam for --offload) are cached outside the checkout
     # [1] Start the process group (and DeepSpeed's communication layer over it).
     env.backend = course.pick_backend(args.backend, env.device)  # nccl between GPUs, gloo between CPUs
     course.group_timeout(timedelta(seconds=args.dist_timeout))  # also for the groups DeepSpeed makes itself
@@ -137,6 +138,8 @@ def main():
     # [3] Shard by *global* rank; --grad-accum A (from the config): a rank plays A ranks. The test shards are
     #     padded to one length: at ZeRO-3 every forward gathers weights, a collective all ranks must join.
     A = args.grad_accum
+    if A > 1:
+        log.info(f"--grad-accum {A}: each step averages {A} micro-batches per rank: an emulated world of {env.world_size * A}")
     loaders = [DataLoader(train_set, batch_size=args.batch_size, drop_last=True,
                           sampler=DistributedSampler(train_set, num_replicas=env.world_size * A,
                                                      rank=env.rank * A + k, shuffle=True, seed=args.seed,

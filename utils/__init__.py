@@ -1,4 +1,24 @@
 """Shared helpers for the course's examples: arguments, rank discovery, data, logging, checkpoints.
 
 The training loops themselves live in each example's main.py, so each reads top to bottom as a lesson.
+
+Importing this package first (each lesson does, before its frameworks) turns a missing framework into one line
+that says how to get it, instead of a traceback: the commonest first failure is running a lesson outside the
+environment that has torch, TensorFlow, Horovod and DeepSpeed.
 """
+import sys
+
+FRAMEWORKS = ("torch", "tensorflow", "keras", "tf_keras", "horovod", "deepspeed", "mpi4py", "numpy", "mlxtend")
+
+
+def _missing_framework_hook(kind, value, tb, default=sys.excepthook):
+    name = (getattr(value, "name", None) or "").split(".")[0] if isinstance(value, ImportError) else ""
+    if name not in FRAMEWORKS:
+        return default(kind, value, tb)
+    sys.stderr.write(f"error: {value} ({sys.executable}): activate the course's environment "
+                     "(source .venv/bin/activate; `make setup` builds it), or on an ALCF machine load the "
+                     "frameworks module (submissions/README.md)\n")
+    sys.stderr.flush()
+
+
+sys.excepthook = _missing_framework_hook

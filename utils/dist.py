@@ -123,12 +123,14 @@ def pick_device(requested, local_rank):
 
 def threads_per_rank(requested, local_world_size):
     """CPU threads for this rank: --num-threads, else the cores we may use shared by the ranks on this node."""
+    allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    bound = allowed < (os.cpu_count() or allowed)  # the launcher already bound this rank to its own cores
+    if not bound and local_world_size > allowed and discover().local_rank == 0:
+        sys.stderr.write(f"warning: {local_world_size} ranks on the {allowed} core(s) of this node: ranks share "
+                         "cores, so steps are slower than with one rank per core\n")
     if requested:
         return requested
-    allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    if allowed < (os.cpu_count() or allowed):
-        return max(1, allowed)  # the launcher already bound this rank to its own cores
-    return max(1, allowed // max(1, local_world_size))
+    return max(1, allowed if bound else allowed // max(1, local_world_size))
 
 
 def master_address(env):

@@ -12,14 +12,16 @@ import time
 from itertools import islice
 from pathlib import Path
 
+sys.path.append(str(Path(__file__).resolve().parents[2]))  # the repo root *after* site-packages
+import utils  # noqa: E402  (before the frameworks: a missing one is then one line that says how to get it)
+
 import horovod.torch as hvd
 import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-sys.path.append(str(Path(__file__).resolve().parents[2]))  # the repo root *after* site-packages: never
-from utils import data, log  # noqa: E402                     # shadow the installed horovod with our folder
+from utils import data, log  # noqa: E402
 from utils import dist as course  # noqa: E402  (which variables each launcher sets; Horovod's CPU knobs)
 from utils.parse_args import clip_flag, get_parser, parse, positive_float, positive_int  # noqa: E402
 from utils.schedule import lr_at, scaled_lr  # noqa: E402
@@ -116,6 +118,8 @@ def main():
     # [3] Shard by *global* rank (hvd.rank(), not hvd.local_rank(): that repeats on every node). Each rank
     #     draws its own 1/size of every shuffled epoch. --grad-accum A: a rank plays A ranks.
     A = args.grad_accum
+    if A > 1:
+        log.info(f"--grad-accum {A}: each step averages {A} micro-batches per rank: an emulated world of {hvd.size() * A}")
     loaders = [DataLoader(train_set, batch_size=args.batch_size, drop_last=True,
                           sampler=DistributedSampler(train_set, num_replicas=hvd.size() * A,
                                                      rank=hvd.rank() * A + k, shuffle=True, seed=args.seed,

@@ -15,7 +15,9 @@ import time
 from pathlib import Path
 
 os.environ["TF_USE_LEGACY_KERAS"] = "1"  # must precede the first TensorFlow import
-sys.path.append(str(Path(__file__).resolve().parents[2]))  # after site-packages: never shadow horovod
+sys.path.append(str(Path(__file__).resolve().parents[2]))  # the repo root *after* site-packages
+import utils  # noqa: E402  (before the frameworks: a missing one is then one line that says how to get it)
+
 from utils import data, log  # noqa: E402
 from utils import dist as course  # noqa: E402  (which variables each launcher sets; Horovod's CPU knobs)
 from utils.parse_args import get_parser, parse  # noqa: E402

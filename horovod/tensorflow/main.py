@@ -12,8 +12,9 @@ import sys
 import time
 from pathlib import Path
 
-# The repo root goes *after* site-packages, so our horovod/ folder never shadows the installed library.
-sys.path.append(str(Path(__file__).resolve().parents[2]))
+sys.path.append(str(Path(__file__).resolve().parents[2]))  # the repo root *after* site-packages
+import utils  # noqa: E402  (before the frameworks: a missing one is then one line that says how to get it)
+
 from utils import data, log  # noqa: E402
 from utils import dist as course  # noqa: E402  (which variables each launcher sets; Horovod's CPU knobs)
 from utils.parse_args import get_parser, parse, positive_float  # noqa: E402
