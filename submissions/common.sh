@@ -233,7 +233,8 @@ sdl_run() {
   return "$status"
 }
 
-# Last epoch of each log dir: ranks, throughput, speedup and efficiency against the first, accuracy.
+# Last epoch of each log dir: ranks, throughput, accuracy; speedup and efficiency only against a 1-rank run
+# among them (a single run has no baseline: no speedup is made up against itself).
 sdl_report() {
   [[ "${DRY_RUN:-0}" == 1 ]] && return 0
   "$PYTHON" - "$@" <<'EOF' || true
@@ -245,15 +246,17 @@ for d in sys.argv[1:]:
             rows.append((d, [json.loads(line) for line in f if line.strip()][-1]))
     except (OSError, IndexError, ValueError):
         rows.append((d, None))
-base = next((m["samples_per_s"] / m["world_size"] for _, m in rows if m), None)
-print(f"{'ranks':>5} {'samples/s':>10} {'speedup':>8} {'efficiency':>10} {'test_acc':>8}  log dir")
+base = next((m["samples_per_s"] for _, m in rows if m and m["world_size"] == 1), None)
+cols, none = ("", "") if base is None else (f" {'speedup':>8} {'efficiency':>10}", f" {'-':>8} {'-':>10}")
+print(f"{'ranks':>5} {'samples/s':>10}{cols} {'test_acc':>8}  log dir")
 for d, m in rows:
     if m is None:
-        print(f"{'?':>5} {'-':>10} {'-':>8} {'-':>10} {'-':>8}  {d} (no metrics: see output.log)")
+        print(f"{'?':>5} {'-':>10}{none} {'-':>8}  {d} (no metrics: see output.log)")
         continue
-    speedup = m["samples_per_s"] / base
-    print(f"{m['world_size']:>5} {m['samples_per_s']:>10.0f} {speedup:>8.2f} {speedup / m['world_size']:>10.0%} "
-          f"{m['test_acc']:>8.4f}  {d}")
+    vs = "" if base is None else f" {m['samples_per_s'] / base:>8.2f} {m['samples_per_s'] / base / m['world_size']:>10.0%}"
+    print(f"{m['world_size']:>5} {m['samples_per_s']:>10.0f}{vs} {m['test_acc']:>8.4f}  {d}")
+if base is None:
+    print("(speedup and efficiency need a 1-rank run to compare with: the scale.sh sweep makes one)")
 EOF
 }
 

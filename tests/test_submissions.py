@@ -468,6 +468,10 @@ def test_script_runs_as_its_scheduler_would(tmp_path, machine, stem):
         history = metrics(log_dir)
         assert [(m["epoch"], m["world_size"]) for m in history] == [(1, 2)], history
         assert (log_dir / "output.log").read_text().count("epoch") >= 1
+        # one run has no baseline: no speedup or efficiency made up against itself
+        header = next(line for line in result.stdout.splitlines() if line.split()[:2] == ["ranks", "samples/s"])
+        assert "speedup" not in header and "efficiency" not in header, header
+        assert "need a 1-rank run" in result.stdout
 
     calls = shim_calls(tmp_path)
     setup = [c for c in calls if c.startswith(("module ", "conda "))]
