@@ -18,22 +18,22 @@ help:
 	@echo "make figures  scaling study and learning-rate lesson figures into assets/"
 
 setup:
-	@bash utils/setup_env.sh
+	@bash utils/tools/setup_env.sh
 
 doctor: setup
-	@$(PY) utils/doctor.py
+	@$(PY) utils/tools/doctor.py
 
 demo: setup
-	@$(PY) utils/demo.py
+	@$(PY) utils/tools/demo.py
 
 test: setup
 	$(PY) -m pytest tests
 
 bench: setup
-	@$(PY) utils/bench.py $(if $(QUICK),--quick)
+	@$(PY) utils/tools/bench.py $(if $(QUICK),--quick)
 
 figures: setup
-	@$(PY) utils/figures.py
+	@$(PY) utils/tools/figures.py
 
 clean:
 	rm -rf runs .pytest_cache

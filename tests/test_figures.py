@@ -1,5 +1,6 @@
-"""utils/figures.py and the course notes: plots draw the right data, the grad-accum emulation equals a real
-larger world, the README's figure commands run, and every README image exists and every figure is used."""
+"""utils/tools/figures.py (with figures_plots.py, figures_runs.py) and the course notes: plots draw the right
+data, the grad-accum emulation equals a real larger world, the README's figure commands run, and every README
+image exists and every figure is used."""
 import json
 import re
 import shlex
@@ -10,8 +11,10 @@ import torch
 
 from conftest import ROOT, check, metrics, python, run, torchrun
 
-sys.path.append(str(ROOT))
-from utils import figures  # noqa: E402
+sys.path.append(str(ROOT / "utils" / "tools"))  # the tools import each other by name, as when run as programs
+import figures  # noqa: E402
+import figures_plots  # noqa: E402
+import figures_runs  # noqa: E402
 from utils.parse_args import clip_flag, get_parser  # noqa: E402
 from utils.torch_utils import Net  # noqa: E402
 
@@ -34,30 +37,31 @@ def approx(values, expected):
 def test_scaling_plots_draw_the_right_data(tmp_path):
     weak = {1: history(1000), 2: history(1800, world_size=2), 4: history(3000, world_size=4)}
     strong = {1: history(1000), 2: history(1500, world_size=2), 4: history(2000, world_size=4)}
-    tables = {"weak (64/rank)": figures.scaling_table(weak), "strong (64 global)": figures.scaling_table(strong)}
+    tables = {"weak (64/rank)": figures_runs.scaling_table(weak),
+              "strong (64 global)": figures_runs.scaling_table(strong)}
 
-    data = figures.plot_speedup(tables, tmp_path / "speedup.png", "test")
+    data = figures_plots.plot_speedup(tables, tmp_path / "speedup.png", "test")
     assert approx(data["speedup|ideal"][1], [1, 4])
     assert data["speedup|weak (64/rank)"][0] == [1, 2, 4]
     assert approx(data["speedup|weak (64/rank)"][1], [1.0, 1.8, 3.0])  # warm-up epoch 1 is left out
     assert approx(data["speedup|strong (64 global)"][1], [1.0, 1.5, 2.0])
 
-    data = figures.plot_efficiency(tables, tmp_path / "efficiency.png", "test")
+    data = figures_plots.plot_efficiency(tables, tmp_path / "efficiency.png", "test")
     assert approx(data["efficiency|weak (64/rank)"][1], [1.0, 0.9, 0.75])
     assert approx(data["efficiency|strong (64 global)"][1], [1.0, 0.75, 0.5])
     assert approx(data["efficiency|ideal"][1], [1, 1])
 
-    data = figures.plot_epoch_time(tables, tmp_path / "epoch_time.png", "test")
+    data = figures_plots.plot_epoch_time(tables, tmp_path / "epoch_time.png", "test")
     assert approx(data["time per epoch|weak (64/rank)"][1], [4.0, 4000 / 1800, 4000 / 3000])
     assert approx(data["time per epoch|ideal: weak"][1], [4.0, 2.0, 1.0])
 
-    data = figures.plot_accuracy({"weak": weak, "strong": strong}, tmp_path / "accuracy.png", "test")
+    data = figures_plots.plot_accuracy({"weak": weak, "strong": strong}, tmp_path / "accuracy.png", "test")
     assert data["weak|4 rank(s)"] == ([1.0, 2.0, 3.0], pytest.approx([0.6, 0.7, 0.8]))
     assert set(data) == {f"{p}|{n} rank(s)" for p in ("weak", "strong") for n in (1, 2, 4)}
 
-    sizes, eff = figures.batch_efficiency({8: history(500), 64: history(1000)},
+    sizes, eff = figures_runs.batch_efficiency({8: history(500), 64: history(1000)},
                                           {8: history(600, world_size=2), 64: history(1800, world_size=2)})
-    data = figures.plot_batch_efficiency(sizes, eff, tmp_path / "batch.png", "test")
+    data = figures_plots.plot_batch_efficiency(sizes, eff, tmp_path / "batch.png", "test")
     assert data["efficiency vs batch per rank|2 ranks"] == ([8.0, 64.0], pytest.approx([0.6, 0.9]))
 
     for name in ("speedup", "efficiency", "epoch_time", "accuracy", "batch"):
@@ -67,7 +71,7 @@ def test_scaling_plots_draw_the_right_data(tmp_path):
 def test_lr_lesson_plot_draws_every_variant(tmp_path):
     runs = {8: {"no warmup": history(1, acc0=0.6, lr=0.08), "warmup 5 epochs": history(1, acc0=0.5, lr=0.08)},
             128: {"no warmup": history(1, acc0=0.0, lr=1.28), "warmup + clip 1": history(1, acc0=0.6, lr=1.28)}}
-    data = figures.plot_lr_lesson(runs, tmp_path / "lr.png", "test")
+    data = figures_plots.plot_lr_lesson(runs, tmp_path / "lr.png", "test")
     assert set(data) == {"8 workers (lr 0.08)|no warmup", "8 workers (lr 0.08)|warmup 5 epochs",
                          "128 workers (lr 1.28)|no warmup", "128 workers (lr 1.28)|warmup + clip 1"}
     assert data["128 workers (lr 1.28)|warmup + clip 1"] == ([1.0, 2.0, 3.0], pytest.approx([0.7, 0.8, 0.9]))
@@ -85,7 +89,7 @@ def test_from_logs_plots_an_alcf_sweep(tmp_path):
     sweep = tmp_path / "runs" / "polaris" / "ddp-scale" / "1234.polaris"
     for n, sps in [(1, 5000), (4, 18000), (8, 32000)]:
         write_run(sweep / f"n{n}", history(sps, world_size=n), batch_size=64)
-    assert figures.sweep_kind(figures.find_sweeps(sweep)[sweep]) == "weak (64/rank)"
+    assert figures_runs.sweep_kind(figures_runs.find_sweeps(sweep)[sweep]) == "weak (64/rank)"
     drawn = figures.main(["scaling", "--from-logs", str(tmp_path / "runs" / "polaris"), "--out", str(tmp_path / "out")])
     names = sorted(p.name for p in drawn)
     assert names == [f"polaris_scaling_{k}.png" for k in ("accuracy", "efficiency", "epoch_time", "speedup")]
@@ -99,7 +103,7 @@ def test_from_logs_names_a_strong_sweep(tmp_path):
     for n in (1, 2, 4):
         write_run(tmp_path / f"n{n}", history(1000, world_size=n), batch_size=256 // n)
         dirs[n] = tmp_path / f"n{n}"
-    assert figures.sweep_kind(dirs) == "strong (256 global)"
+    assert figures_runs.sweep_kind(dirs) == "strong (256 global)"
 
 
 # --- the emulation: 2 ranks x accum 2 == 4 ranks x accum 1 ---------------------------------------------------
@@ -127,9 +131,9 @@ EXPECTED = ["diagram_parallelism", "diagram_allreduce", "scaling_speedup", "scal
 
 
 def test_make_figures_runs_quick_then_replots(tmp_path):
-    """`python utils/figures.py` (what `make figures` calls) end to end, then `--replot` from its logs."""
+    """`python utils/tools/figures.py` (what `make figures` calls) end to end, then `--replot` from its logs."""
     out, runs = tmp_path / "assets", tmp_path / "runs"
-    result = check(run(python("utils/figures.py", *QUICK, "--out", out, "--runs-dir", runs), timeout=400))
+    result = check(run(python("utils/tools/figures.py", *QUICK, "--out", out, "--runs-dir", runs), timeout=400))
     assert sorted(p.stem for p in out.glob("*.png")) == sorted(EXPECTED)
     assert "efficiency at 2 ranks by batch per rank: 32:" in result.stdout
     assert re.search(r"4 workers: no warmup \d\.\d+ .*warmup 1 epochs .*warmup \+ clip 1 ", result.stdout)
@@ -138,12 +142,12 @@ def test_make_figures_runs_quick_then_replots(tmp_path):
     assert json.loads((runs / "lr" / "w4-warmup-clip-1" / "config.json").read_text())["clip_grad_norm"] == 1.0
     for png in out.glob("*.png"):
         png.unlink()
-    check(run(python("utils/figures.py", *QUICK, "--out", out, "--runs-dir", runs, "--replot"), timeout=120))
+    check(run(python("utils/tools/figures.py", *QUICK, "--out", out, "--runs-dir", runs, "--replot"), timeout=120))
     assert sorted(p.stem for p in out.glob("*.png")) == sorted(EXPECTED)
 
 
 def test_makefile_figures_target_calls_the_script():
-    assert re.search(r"^figures:.*\n\t@?\$\(PY\) utils/figures\.py", (ROOT / "Makefile").read_text(), re.M)
+    assert re.search(r"^figures:.*\n\t@?\$\(PY\) utils/tools/figures\.py", (ROOT / "Makefile").read_text(), re.M)
 
 
 def readme_commands():
@@ -176,7 +180,7 @@ def test_readme_commands_name_real_flags():
                 continue
             script, flags = words[scripts[0]], words[scripts[0] + 1:]
             assert (ROOT / script).exists(), line
-            if script == "utils/figures.py":
+            if script == "utils/tools/figures.py":
                 figures.get_parser().parse_args(flags)
                 checked += 1
             elif script in ("DDP/main.py", "horovod/pytorch/main.py"):

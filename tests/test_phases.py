@@ -1,13 +1,16 @@
-"""utils/phases.py (an example's own step timed phase by phase) and `bench.py --phases`."""
+"""utils/tools/phases.py (an example's own step timed phase by phase) and `bench.py --phases`."""
 import json
+import os
 import sys
 
 import pytest
 
 from conftest import ROOT, check, metrics, python, run
 
-sys.path.append(str(ROOT))
-from utils import bench, phases  # noqa: E402
+sys.path.append(str(ROOT / "utils" / "tools"))  # the tools import each other by name, as when run as programs
+import bench  # noqa: E402
+import bench_phases  # noqa: E402
+import phases  # noqa: E402
 
 
 class FakeClock:
@@ -62,22 +65,68 @@ def test_each_phase_counts_its_own_time_and_a_step_ends_with_the_outermost_optim
                                               "wait": 0.0, "optimizer": 0.001, "other": 0.0})
 
 
+class Waiting:
+    """A Turns stand-in: the other process's turn takes 5 s of the clock."""
+
+    def __init__(self, clock):
+        self.clock, self.calls = clock, []
+
+    def after_step(self, steps_done):
+        self.calls.append(steps_done)
+        self.clock.advance(5.0)
+
+
+def test_the_wait_for_a_turn_belongs_to_no_step():
+    clock = FakeClock()
+    turns = Waiting(clock)
+    timer = phases.StepTimer(clock, turns)
+    forward = timer.wrap("forward", lambda: clock.advance(0.03))
+    step = timer.wrap("optimizer", lambda: clock.advance(0.01))
+    timer.start_epoch(1)
+    for _ in range(3):
+        clock.advance(0.002)
+        forward()
+        step()
+    assert turns.calls == [1, 2, 3]  # after every step, with the count of steps done
+    assert [r["step"] for r in timer.records] == pytest.approx([0.042] * 3)  # not the 5 s of the other's turn
+    assert [r["other"] for r in timer.records] == pytest.approx([0.002] * 3)
+
+
+def test_turns_say_done_every_n_steps_then_wait_for_the_go_ahead():
+    go_read, go_write = os.pipe()
+    done_read, done_write = os.pipe()
+    os.set_inheritable(go_read, True), os.set_inheritable(done_write, True)  # as passed down to a child
+    turns = phases.Turns(go_read, done_write, every=2)
+    assert not os.get_inheritable(go_read) and not os.get_inheritable(done_write)  # not passed on by the child
+    turns.after_step(1)  # not yet: nothing said, no wait
+    os.write(go_write, b".")  # the go-ahead is there before it is asked for: the call returns
+    turns.after_step(2)
+    assert os.read(done_read, 10) == b"."
+    os.close(go_write)  # the coordinator is gone: the process runs on freely, saying nothing
+    turns.after_step(4)
+    turns.after_step(6)
+    os.close(done_write)
+    assert os.read(done_read, 10) == b"."  # the "done" of step 4, then nothing more (end of file)
+    assert os.read(done_read, 10) == b""
+    os.close(go_read), os.close(done_read)
+
+
 def test_phase_means_skip_the_warm_up_epoch():
     records = [{"epoch": 1, "step": 9.0, "forward": 9.0, "backward": 0.0, "wait": 0.0, "optimizer": 0.0, "other": 0.0}]
     records += [{"epoch": 2, "step": s, "forward": s / 2, "backward": s / 4, "wait": 0.0, "optimizer": s / 8,
                  "other": s / 8} for s in (0.08, 0.12)]
-    means = bench.phase_means(records)
+    means = bench_phases.phase_means(records)
     assert means == pytest.approx({"step": 100.0, "forward": 50.0, "backward": 25.0, "wait": 0.0,
                                    "optimizer": 12.5, "other": 12.5})
     with pytest.raises(SystemExit, match="no steps after the warm-up"):
-        bench.phase_means(records[:1])
+        bench_phases.phase_means(records[:1])
 
 
 def test_the_wrapped_example_trains_exactly_as_it_does_alone(tmp_path):
     """The timers wrap calls and change nothing: same seed, same losses, epoch by epoch."""
     flags = ["--epochs", "2", "--max-steps", "4", "--log-interval", "1000", "--num-threads", "1"]
     check(run(python("DDP/main.py", *flags, "--log-dir", tmp_path / "alone"), timeout=300))
-    result = check(run(python("utils/phases.py", "DDP/main.py", *flags, "--log-dir", tmp_path / "timed"),
+    result = check(run(python("utils/tools/phases.py", "DDP/main.py", *flags, "--log-dir", tmp_path / "timed"),
                        timeout=300, env={"PHASES_OUT": str(tmp_path / "phases")}))
     alone, timed = metrics(tmp_path / "alone"), metrics(tmp_path / "timed")
     assert [m["train_loss"] for m in timed] == [m["train_loss"] for m in alone], result.stdout
@@ -86,13 +135,13 @@ def test_the_wrapped_example_trains_exactly_as_it_does_alone(tmp_path):
 
 
 def test_a_script_that_is_not_a_pytorch_example_is_refused(tmp_path):
-    result = run(python("utils/phases.py", "horovod/tensorflow/main.py"), timeout=60,
+    result = run(python("utils/tools/phases.py", "horovod/tensorflow/main.py"), timeout=60,
                  env={"PHASES_OUT": str(tmp_path / "p")})
     assert result.returncode == 1 and "is not a PyTorch example" in result.stderr, result.stderr
-    result = run(python("utils/phases.py", "DDP/main.py"), timeout=60)  # PHASES_OUT unset
+    result = run(python("utils/tools/phases.py", "DDP/main.py"), timeout=60)  # PHASES_OUT unset
     assert result.returncode == 1 and "usage: PHASES_OUT=" in result.stderr, result.stderr
     # the example's own refusal comes through unchanged: its one line, its exit status
-    result = run(python("utils/phases.py", "DDP/main.py", "--batch-size", "0"), timeout=120,
+    result = run(python("utils/tools/phases.py", "DDP/main.py", "--batch-size", "0"), timeout=120,
                  env={"PHASES_OUT": str(tmp_path / "p")})
     assert result.returncode == 2 and "error: argument --batch-size" in result.stderr.strip().splitlines()[-1], \
         result.stderr
@@ -101,7 +150,7 @@ def test_a_script_that_is_not_a_pytorch_example_is_refused(tmp_path):
 def test_the_example_and_its_flags_are_found_where_each_launcher_puts_them(monkeypatch):
     flags = ["--epochs", "2", "--seed=3"]
     assert phases.script_and_argv(["DDP/main.py", *flags]) == ("DDP/main.py", ["DDP/main.py", *flags])
-    # the deepspeed launcher: `python -u utils/phases.py --local_rank=1 deepspeed/main.py ...`
+    # the deepspeed launcher: `python -u utils/tools/phases.py --local_rank=1 deepspeed/main.py ...`
     assert phases.script_and_argv(["--local_rank=1", "deepspeed/main.py", *flags]) == (
         "deepspeed/main.py", ["deepspeed/main.py", "--local_rank=1", *flags])
     assert phases.script_and_argv(["--local_rank=1"]) == (None, None)
@@ -126,7 +175,7 @@ def test_phases_quick_times_every_pytorch_example_under_its_launcher(tmp_path):
     """End to end under torchrun, horovodrun and deepspeed: rank 0's phases at 1 and 2 ranks, means that add up
     to the step, and the communication where each framework puts it."""
     out = tmp_path / "phases.json"
-    check(run(python("utils/bench.py", "--phases", "--quick", "--out", out), timeout=600))
+    check(run(python("utils/tools/bench.py", "--phases", "--quick", "--out", out), timeout=600))
     report = json.loads(out.read_text())
     assert set(report["phases"]) == {"ddp", "horovod-pytorch", "deepspeed"} and len(report["rounds"]) == 1
     for name, by_ranks in report["phases"].items():

@@ -2,8 +2,8 @@
 """make demo: every example on 2 CPU ranks over real MNIST digits, through its real launchers, then a table.
 
 Each run writes its own log dir under runs/demo/; the table is also saved as runs/demo/results.json.
-    python utils/demo.py                 # all examples, default flags (2 epochs)
-    python utils/demo.py --epochs 1 --only ddp
+    python utils/tools/demo.py                 # all examples, default flags (2 epochs)
+    python utils/tools/demo.py --epochs 1 --only ddp
 """
 import argparse
 import json
@@ -13,27 +13,21 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-PY = sys.executable
+sys.path.append(str(ROOT))  # after site-packages: our horovod/ and deepspeed/ folders never shadow the libraries
+from utils.dist import launch_command  # noqa: E402  (the one module that knows launchers)
 
-# (name, framework, launcher, command prefix); the script's own flags follow the prefix.
+# (name, framework, launcher as shown, example (utils.dist.EXAMPLES), launcher (utils.dist.LAUNCHERS)), 2 ranks each
 RUNS = [
-    ("ddp-torchrun", "PyTorch DDP", "torchrun",
-     [BIN / "torchrun", "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", "29511",
-      ROOT / "DDP/main.py"]),
-    ("ddp-mpiexec", "PyTorch DDP", "mpiexec", [BIN / "mpiexec", "-n", "2", PY, ROOT / "DDP/main.py"]),
-    ("hvd-torch-horovodrun", "Horovod PyTorch", "horovodrun --gloo",
-     [BIN / "horovodrun", "-np", "2", "--gloo", PY, ROOT / "horovod/pytorch/main.py"]),
-    ("hvd-torch-mpiexec", "Horovod PyTorch", "mpiexec", [BIN / "mpiexec", "-n", "2", PY, ROOT / "horovod/pytorch/main.py"]),
-    ("hvd-tf-horovodrun", "Horovod TensorFlow", "horovodrun --gloo",
-     [BIN / "horovodrun", "-np", "2", "--gloo", PY, ROOT / "horovod/tensorflow/main.py"]),
-    ("hvd-tf-mpiexec", "Horovod TensorFlow", "mpiexec",
-     [BIN / "mpiexec", "-n", "2", PY, ROOT / "horovod/tensorflow/main.py"]),
-    ("hvd-keras-horovodrun", "Horovod Keras API", "horovodrun --gloo",
-     [BIN / "horovodrun", "-np", "2", "--gloo", PY, ROOT / "horovod/tensorflow/keras_main.py"]),
-    ("deepspeed-launcher", "DeepSpeed", "deepspeed",
-     [BIN / "deepspeed", "--num_gpus", "2", "--master_port", "29512", ROOT / "deepspeed/main.py"]),
+    ("ddp-torchrun", "PyTorch DDP", "torchrun", "ddp", "torchrun"),
+    ("ddp-mpiexec", "PyTorch DDP", "mpiexec", "ddp", "mpiexec"),
+    ("hvd-torch-horovodrun", "Horovod PyTorch", "horovodrun --gloo", "horovod-pytorch", "horovodrun"),
+    ("hvd-torch-mpiexec", "Horovod PyTorch", "mpiexec", "horovod-pytorch", "mpiexec"),
+    ("hvd-tf-horovodrun", "Horovod TensorFlow", "horovodrun --gloo", "horovod-tensorflow", "horovodrun"),
+    ("hvd-tf-mpiexec", "Horovod TensorFlow", "mpiexec", "horovod-tensorflow", "mpiexec"),
+    ("hvd-keras-horovodrun", "Horovod Keras API", "horovodrun --gloo", "horovod-keras", "horovodrun"),
+    ("deepspeed-launcher", "DeepSpeed", "deepspeed", "deepspeed", "deepspeed"),
 ]
 
 
@@ -49,9 +43,9 @@ def main():
                PYTHONUNBUFFERED="1")
     results, failed = [], []
     selected = [r for r in RUNS if not args.only or any(r[0].startswith(p) for p in args.only)]
-    for i, (name, framework, launcher, prefix) in enumerate(selected, 1):
+    for i, (name, framework, launcher, example, how) in enumerate(selected, 1):
         log_dir = Path(args.out) / name
-        cmd = [str(c) for c in prefix] + ["--epochs", str(args.epochs), "--log-dir", str(log_dir)]
+        cmd = launch_command(example, 2, how, ["--epochs", args.epochs, "--log-dir", log_dir], bin_dir=BIN)
         print(f"[{i}/{len(selected)}] {framework} under {launcher} ... ", end="", flush=True)
         start = time.perf_counter()
         try:

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.append(str(Path(__file__).resolve().parents[1]))
+sys.path.append(str(Path(__file__).resolve().parents[2]))  # the repo root, after site-packages
 
 FIX_SETUP = "run `make setup`"
 rows = []  # (component, status, details, fix or None)

@@ -1,16 +1,17 @@
 #!/usr/bin/env python
 """make figures: the scaling study, the learning-rate lesson and the diagrams, drawn into assets/.
 
-    python utils/figures.py                       # all three on this machine (~10 min on 2 CPU cores)
-    python utils/figures.py scaling --ranks 1 2   # weak + strong scaling and the batch-size sweep
-    python utils/figures.py lr                    # large-batch LR lesson: 8, 32, 128, 256 emulated workers
-    python utils/figures.py diagrams              # data vs model parallelism, gradient averaging
-    python utils/figures.py scaling --from-logs runs/polaris/ddp-scale/<job id>   # an ALCF sweep's logs
+    python utils/tools/figures.py                       # all three on this machine (~10 min on 2 CPU cores)
+    python utils/tools/figures.py scaling --ranks 1 2   # weak + strong scaling and the batch-size sweep
+    python utils/tools/figures.py lr                    # large-batch LR lesson: 8, 32, 128, 256 emulated workers
+    python utils/tools/figures.py diagrams              # data vs model parallelism, gradient averaging
+    python utils/tools/figures.py scaling --from-logs runs/polaris/ddp-scale/<job id>   # an ALCF sweep's logs
 
 Every run is a real DDP/main.py under torchrun, one thread per rank, logging into runs/figures/<study>/<run>/
 (metrics.jsonl, as every example writes); `--replot` draws again from those logs without training.
-Each plot function returns the data it drew ({"panel|label": (x, y)}, read back from the axes), which is
-what tests/test_figures.py checks.
+Each plot function (figures_plots.py) returns the data it drew ({"panel|label": (x, y)}, read back from the
+axes), which is what tests/test_figures.py checks; figures_runs.py starts the runs (through utils.dist's
+launch_command) and reads their logs.
 
 Scaling study (DDP, the shipped 4,000 training digits, `--epochs` epochs per run, throughput = median
 samples/s over the epochs after the first; the global LR follows the global batch, see --scaling-lr):
@@ -25,237 +26,14 @@ tests/test_figures.py proves equal to a real larger world. Variants: no warmup, 
 gradient-norm clipping (`--clip-grad-norm`) from `--rescue-from` workers up.
 """
 import argparse
-import json
-import os
-import platform
-import socket
-import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.patches import FancyArrowPatch, FancyBboxPatch  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
-SCRIPT = "DDP/main.py"
-DPI = 100
-
-
-# --- running the examples ----------------------------------------------------------------------------------
-def machine_name():
-    """'2-core x86_64 CPU, no GPU' (or the GPUs): what every caption and figure title names."""
-    cpu = f"{os.cpu_count()}-core {platform.machine()} CPU"
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=20).stdout.split("\n")
-        gpus = [g.strip() for g in out if g.strip()]
-    except (OSError, subprocess.SubprocessError):
-        gpus = []
-    return f"{cpu}, {len(gpus)} x {gpus[0]}" if gpus else f"{cpu}, no GPU"
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def launch(nproc, run_dir, flags, timeout=600):
-    """One DDP run under torchrun into `run_dir` (output in run_dir/output.log); returns its metrics."""
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    for old in ("metrics.jsonl", "summary.json"):  # a previous run's files must not pass for this one's
-        (run_dir / old).unlink(missing_ok=True)
-    cmd = [str(BIN / "torchrun"), "--nproc_per_node", str(nproc), "--master_addr", "127.0.0.1",
-           "--master_port", str(free_port()), str(ROOT / SCRIPT), *map(str, flags), "--log-dir", str(run_dir)]
-    print(f"[figures] {' '.join(cmd[:3])} ... {SCRIPT} {' '.join(map(str, flags))}", flush=True)
-    env = dict(os.environ, PYTHONUNBUFFERED="1", PATH=f"{BIN}:{os.environ.get('PATH', '')}")
-    start = time.perf_counter()
-    with open(run_dir / "output.log", "w") as out:
-        try:
-            proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            sys.exit(f"error: timed out after {timeout}s; see {run_dir / 'output.log'}")
-    if proc.returncode != 0:
-        tail = (run_dir / "output.log").read_text().splitlines()[-15:]
-        if not (run_dir / "summary.json").exists():
-            sys.exit(f"error: exit {proc.returncode}: {' '.join(cmd)}\n" + "\n".join(tail))
-        # Training finished and was recorded; a crash while the processes tear down does not change it.
-        print(f"[figures]   warning: exit {proc.returncode} after summary.json was written; see "
-              f"{run_dir / 'output.log'}", flush=True)
-    m = read_metrics(run_dir)
-    print(f"[figures]   {time.perf_counter() - start:.0f}s, test_acc {m[-1]['test_acc']:.3f}, "
-          f"{throughput(m):.0f} samples/s", flush=True)
-    return m
-
-
-def get_run(nproc, run_dir, flags, replot, reuse=False):
-    if reuse and (Path(run_dir) / "summary.json").exists():
-        print(f"[figures] reusing {run_dir}", flush=True)
-        return read_metrics(run_dir)
-    if replot:
-        if not (Path(run_dir) / "metrics.jsonl").exists():
-            sys.exit(f"error: --replot: no {Path(run_dir) / 'metrics.jsonl'} (run without --replot first)")
-        return read_metrics(run_dir)
-    return launch(nproc, run_dir, flags)
-
-
-def read_metrics(run_dir):
-    with open(Path(run_dir) / "metrics.jsonl") as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
-def read_config(run_dir):
-    path = Path(run_dir) / "config.json"
-    return json.loads(path.read_text()) if path.exists() else {}
-
-
-# --- arithmetic --------------------------------------------------------------------------------------------
-def steady(history, key):
-    """Median of `key` over the epochs after the first (warm-up), or the only epoch."""
-    values = [m[key] for m in history[1:]] or [m[key] for m in history]
-    return statistics.median(values)
-
-
-def throughput(history):
-    return steady(history, "samples_per_s")
-
-
-def scaling_table(runs):
-    """{ranks: metrics history} -> ranks, samples/s, speedup, efficiency, epoch time (sorted by ranks).
-
-    Speedup is relative to the smallest rank count n0 (scaled so that it reads n0 there): n0 x sps(n) / sps(n0).
-    """
-    ranks = sorted(runs)
-    sps = [throughput(runs[n]) for n in ranks]
-    speedup = [ranks[0] * s / sps[0] for s in sps]
-    return {"ranks": ranks, "samples_per_s": sps, "speedup": speedup,
-            "efficiency": [s / n for s, n in zip(speedup, ranks)],
-            "epoch_time_s": [steady(runs[n], "train_time_s") for n in ranks]}
-
-
-def batch_efficiency(one_rank, two_ranks):
-    """{batch per rank: history} at 1 and 2 ranks -> (batch sizes, efficiency = sps(2) / (2 sps(1)))."""
-    sizes = sorted(set(one_rank) & set(two_ranks))
-    return sizes, [throughput(two_ranks[b]) / (2 * throughput(one_rank[b])) for b in sizes]
-
-
-# --- plots: each returns {"panel|label": (x, y)} read back from the axes -------------------------------------
-def plotted(fig):
-    return {f"{ax.get_title()}|{line.get_label()}": (list(map(float, line.get_xdata())),
-                                                     list(map(float, line.get_ydata())))
-            for ax in fig.axes for line in ax.get_lines() if not line.get_label().startswith("_")}
-
-
-def save(fig, path, title):
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=DPI)
-    data = plotted(fig)
-    plt.close(fig)
-    print(f"[figures] wrote {path}", flush=True)
-    return data
-
-
-def plot_speedup(tables, path, title):
-    fig, ax = plt.subplots(figsize=(5, 3.6))
-    top = max(max(t["ranks"]) for t in tables.values())
-    lo = min(min(t["ranks"]) for t in tables.values())
-    ax.plot([lo, top], [lo, top], "k--", label="ideal")
-    for label, t in tables.items():
-        ax.plot(t["ranks"], t["speedup"], "o-", label=label)
-    ax.set(xlabel="ranks", ylabel="speedup (throughput vs 1 rank)", title="speedup")
-    ax.set_xticks(sorted({n for t in tables.values() for n in t["ranks"]}))
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    return save(fig, path, title)
-
-
-def plot_efficiency(tables, path, title):
-    fig, ax = plt.subplots(figsize=(5, 3.6))
-    ranks = sorted({n for t in tables.values() for n in t["ranks"]})
-    ax.plot([ranks[0], ranks[-1]], [1, 1], "k--", label="ideal")
-    for label, t in tables.items():
-        ax.plot(t["ranks"], t["efficiency"], "o-", label=label)
-    ax.set(xlabel="ranks", ylabel="efficiency (speedup / ranks)", title="efficiency", ylim=(0, 1.15))
-    ax.set_xticks(ranks)
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    return save(fig, path, title)
-
-
-def plot_epoch_time(tables, path, title):
-    fig, ax = plt.subplots(figsize=(5, 3.6))
-    for label, t in tables.items():
-        line, = ax.plot(t["ranks"], t["epoch_time_s"], "o-", label=label)
-        ideal = [t["epoch_time_s"][0] * t["ranks"][0] / n for n in t["ranks"]]
-        ax.plot(t["ranks"], ideal, ":", color=line.get_color(), label=f"ideal: {label.split(' ')[0]}")
-    ax.set(xlabel="ranks", ylabel="training time per epoch (s)", title="time per epoch", ylim=(0, None))
-    ax.set_xticks(sorted({n for t in tables.values() for n in t["ranks"]}))
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    return save(fig, path, title)
-
-
-def plot_accuracy(curves, path, title):
-    """curves: {panel: {ranks: history}} -> test accuracy against epoch, one line per rank count."""
-    fig, axes = plt.subplots(1, len(curves), figsize=(4.2 * len(curves), 3.4), squeeze=False, sharey=True)
-    for ax, (panel, runs) in zip(axes[0], curves.items()):
-        for n in sorted(runs):
-            ax.plot([m["epoch"] for m in runs[n]], [m["test_acc"] for m in runs[n]], "o-", label=f"{n} rank(s)")
-        ax.set(xlabel="epoch", title=panel)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.legend(fontsize=8)
-        ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("test accuracy")
-    return save(fig, path, title)
-
-
-def plot_batch_efficiency(sizes, eff, path, title):
-    fig, ax = plt.subplots(figsize=(5, 3.6))
-    ax.plot([sizes[0], sizes[-1]], [1, 1], "k--", label="ideal")
-    ax.plot(sizes, eff, "o-", label="2 ranks")
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(sizes, [str(b) for b in sizes])
-    ax.set(xlabel="batch size per rank", ylabel="efficiency at 2 ranks", title="efficiency vs batch per rank",
-           ylim=(0, 1.15))
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    return save(fig, path, title)
-
-
-def plot_lr_lesson(runs, path, title):
-    """runs: {workers: {variant: history}} -> one panel per worker count, accuracy vs epoch per variant."""
-    workers = sorted(runs)
-    fig, axes = plt.subplots(1, len(workers), figsize=(3.2 * len(workers), 3.3), squeeze=False, sharey=True)
-    styles = {}
-    for ax, w in zip(axes[0], workers):
-        lr = runs[w][next(iter(runs[w]))][-1]["lr"]
-        for variant, history in runs[w].items():
-            fmt = styles.setdefault(variant, ["o-", "s-", "^-", "v-"][len(styles) % 4])
-            ax.plot([m["epoch"] for m in history], [m["test_acc"] for m in history], fmt, ms=3, label=variant)
-        ax.set(xlabel="epoch", title=f"{w} workers (lr {lr:.3g})", ylim=(0, 1.02))
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("test accuracy")
-    handles = {h.get_label(): h for ax in axes[0] for h in ax.get_lines()}
-    fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=len(handles), fontsize=8)
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout(rect=(0, 0.08, 1, 1))
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=DPI)
-    data = plotted(fig)
-    plt.close(fig)
-    print(f"[figures] wrote {path}", flush=True)
-    return data
+from figures_plots import (diagram_allreduce, diagram_parallelism, plot_accuracy, plot_batch_efficiency,
+                           plot_efficiency, plot_epoch_time, plot_lr_lesson, plot_speedup)
+from figures_runs import (ROOT, batch_efficiency, find_sweeps, get_run, machine_from_path, machine_name,
+                          read_config, read_metrics, scaling_table, sweep_kind)
 
 
 # --- the scaling study ---------------------------------------------------------------------------------------
@@ -315,27 +93,6 @@ def scaling_figures(runs, args, out, prefix, machine):
 
 
 # --- sweeps from ALCF machines (submissions/*/scale.sh) --------------------------------------------------------
-def find_sweeps(folder):
-    """Every folder under `folder` (itself included) holding n<ranks>/metrics.jsonl: {folder: {ranks: dir}}."""
-    sweeps = {}
-    for metrics in sorted(Path(folder).glob("**/n*/metrics.jsonl")):
-        run = metrics.parent
-        if run.name[1:].isdigit():
-            sweeps.setdefault(run.parent, {})[int(run.name[1:])] = run
-    return sweeps
-
-
-def sweep_kind(runs):
-    """'weak' when the batch per rank is fixed, 'strong' when ranks x batch is, else 'sweep'."""
-    per_rank = {read_config(d).get("batch_size") for d in runs.values()}
-    global_ = {read_config(d).get("batch_size", 0) * n * read_config(d).get("grad_accum", 1) for n, d in runs.items()}
-    if len(runs) > 1 and len(global_) == 1 and None not in per_rank:
-        return f"strong ({global_.pop()} global)"
-    if len(per_rank) == 1 and None not in per_rank:
-        return f"weak ({per_rank.pop()}/rank)"
-    return "sweep"
-
-
 def from_logs(args):
     sweeps = {}
     for folder in args.from_logs:
@@ -360,12 +117,6 @@ def from_logs(args):
     path = out / f"{name}_scaling_accuracy.png"
     drawn[path] = plot_accuracy(curves, path, where)
     return drawn
-
-
-def machine_from_path(sweep):
-    """runs/<machine>/<example>-scale/<job id> -> <machine>."""
-    parts = Path(sweep).resolve().parts
-    return parts[parts.index("runs") + 1] if "runs" in parts[:-1] else Path(sweep).name
 
 
 # --- the learning-rate lesson ------------------------------------------------------------------------------
@@ -404,91 +155,6 @@ def lr_figure(runs, args, out, machine):
         print(f"[figures]   {w:>4} workers: " + ", ".join(
             f"{v} {h[-1]['test_acc']:.3f} (best {max(m['test_acc'] for m in h):.3f})" for v, h in runs[w].items()))
     return drawn
-
-
-# --- diagrams (drawn by code) ------------------------------------------------------------------------------
-def _box(ax, x, y, w, h, text, color, fontsize=8):
-    ax.add_patch(FancyBboxPatch((x, y), w, h, boxstyle="round,pad=0.02", fc=color, ec="black", lw=0.8))
-    ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=fontsize)
-
-
-def _arrow(ax, start, end, text="", color="black", style="-|>", rad=0.0):
-    ax.add_patch(FancyArrowPatch(start, end, arrowstyle=style, mutation_scale=10, color=color, lw=1.2,
-                                 connectionstyle=f"arc3,rad={rad}"))
-    if text:
-        ax.text((start[0] + end[0]) / 2, (start[1] + end[1]) / 2 + 0.15, text, ha="center", fontsize=7, color=color)
-
-
-def diagram_parallelism(path):
-    """Data parallelism (full model per worker, a slice of the batch each) vs model parallelism (layers split)."""
-    layer_colors = ["#9ecae1", "#6baed6", "#4292c6", "#2171b5"]
-    data_colors = ["#fdd0a2", "#fdae6b", "#fd8d3c", "#e6550d"]
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.9))
-    for ax in axes:
-        ax.set_xlim(0, 10)
-        ax.set_ylim(0, 7.5)
-        ax.axis("off")
-    ax = axes[0]
-    ax.set_title("data parallelism: every worker holds the whole model", fontsize=9)
-    for r in range(4):
-        x = 0.3 + r * 2.45
-        _box(ax, x, 5.6, 1.9, 0.7, f"batch slice {r}", data_colors[r])
-        for li in range(4):
-            _box(ax, x + 0.2, 1.5 + li * 0.8, 1.5, 0.6, f"layer {li + 1}", layer_colors[li], fontsize=7)
-        ax.text(x + 0.95, 0.95, f"GPU {r}", ha="center", fontsize=8, weight="bold")
-        _arrow(ax, (x + 0.95, 5.6), (x + 0.95, 4.75))
-    ax.plot([0.4, 9.6], [0.55, 0.55], color="#31a354", lw=2)
-    ax.text(5, 0.1, "all-reduce: average the gradients, every copy takes the same step", ha="center",
-            fontsize=8, color="#31a354")
-    ax = axes[1]
-    ax.set_title("model parallelism: each worker holds some layers", fontsize=9)
-    _box(ax, 0.2, 5.6, 2.2, 0.7, "whole batch", "#fdae6b")
-    for r in range(4):
-        x = 0.3 + r * 2.45
-        _box(ax, x + 0.2, 3.0, 1.5, 0.8, f"layer {r + 1}", layer_colors[r])
-        ax.text(x + 0.95, 0.95, f"GPU {r}", ha="center", fontsize=8, weight="bold")
-        if r < 3:
-            _arrow(ax, (x + 1.75, 3.4), (x + 2.6, 3.4), color="#756bb1")
-    _arrow(ax, (1.25, 5.6), (1.25, 3.85))
-    ax.text(5.2, 4.3, "activations forward, their gradients backward", ha="center", fontsize=8, color="#756bb1")
-    ax.text(5, 0.1, "(pipeline: layers split; tensor parallel: each layer split)", ha="center", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    print(f"[figures] wrote {path}", flush=True)
-
-
-def diagram_allreduce(path):
-    """Each rank's gradient g_r -> ring all-reduce (reduce-scatter, all-gather) -> the average on every rank."""
-    grads = [[0.8, 0.2, 0.5, 0.3], [0.4, 0.6, 0.1, 0.7], [0.6, 0.4, 0.9, 0.1], [0.2, 0.8, 0.5, 0.5]]
-    mean = [sum(g[i] for g in grads) / 4 for i in range(4)]
-    colors = ["#e6550d", "#31a354", "#3182bd", "#756bb1"]
-    fig, ax = plt.subplots(figsize=(9, 3.9))
-    ax.set_xlim(0, 12)
-    ax.set_ylim(-0.7, 6.6)
-    ax.axis("off")
-
-    def bars(x0, y0, values, color, label):
-        for i, v in enumerate(values):
-            ax.add_patch(plt.Rectangle((x0 + i * 0.3, y0), 0.24, v * 1.1, fc=color, ec="black", lw=0.5))
-        ax.text(x0 + 0.55, y0 - 0.35, label, ha="center", fontsize=8)
-
-    for r in range(4):
-        x = 0.6 + r * 2.9
-        bars(x, 4.6, grads[r], colors[r], f"rank {r}: g{r}")
-        bars(x, 0.6, mean, "#bdbdbd", f"rank {r}: (g0+g1+g2+g3)/4")
-        _arrow(ax, (x + 0.55, 4.15), (x + 0.55, 3.35))
-        _arrow(ax, (x + 0.55, 2.55), (x + 0.55, 1.85))
-    _box(ax, 0.4, 2.6, 11.2, 0.7, "ring all-reduce: N-1 reduce-scatter steps, then N-1 all-gather steps; "
-         "each rank sends 2(N-1)/N x S bytes", "#f0f0f0")
-    ax.text(6, 6.35, "after backward: a different gradient on every rank (each saw different data)",
-            ha="center", fontsize=9)
-    ax.text(6, -0.6, "after the all-reduce: the same average everywhere, so every copy of the model stays identical",
-            ha="center", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    print(f"[figures] wrote {path}", flush=True)
 
 
 # --- command line ----------------------------------------------------------------------------------------------

@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Run a PyTorch example unchanged, timing the phases of each training step on each rank.
 
-    python utils/phases.py DDP/main.py --epochs 3 ...                        (one rank)
-    torchrun --nproc_per_node 2 utils/phases.py DDP/main.py ...             (any launcher, any rank count)
+    PHASES_OUT=PREFIX python utils/tools/phases.py DDP/main.py --epochs 3 ...            (one rank)
+    PHASES_OUT=PREFIX torchrun --nproc_per_node 2 utils/tools/phases.py DDP/main.py ...  (any launcher, rank count)
 
 Before the example runs, the calls that make up a step are wrapped with timers (the example's code is not
 touched): the model's forward, `backward` (DeepSpeed: `engine.backward`), Horovod's `synchronize` (waiting for
@@ -17,7 +17,10 @@ lands in *wait*; DeepSpeed reduces the gradients in engine.backward and, at ZeRO
 updated weights in engine.step.
 
 Each rank writes {"rank", "records": [{"epoch", "step", phase: seconds, ...}, ...]} to $PHASES_OUT-rank{R}.json
-when the example ends. `python utils/bench.py --phases` runs the examples so at 1 and 2 ranks and compares.
+when the example ends. `python utils/tools/bench.py --phases` runs the examples so at 1 and 2 ranks and compares.
+With $PHASES_TURNS set (by the bench's overhead measurement, utils/tools/bench_overhead.py), the process takes
+turns with another one step by step: see `Turns`. Nothing inside the example is touched, only library classes
+and the course's shared modules (utils.log.Progress, utils.torch_utils.Net).
 """
 import functools
 import json
@@ -28,15 +31,45 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PHASES = ("forward", "backward", "wait", "optimizer")
+PYTORCH_EXAMPLES = {"ddp": "ddp", "horovod-pytorch": "horovod", "deepspeed": "deepspeed"}  # dist.EXAMPLES names
+
+
+class Turns:
+    """Taking turns with another process, so that a drift in this machine's speed hits both alike: after every
+    `every` steps, one byte on the write pipe says "my part is done", then the process waits for one byte on the
+    read pipe (the go-ahead) before its next step. Set up by $PHASES_TURNS="READ_FD,WRITE_FD,EVERY" (pipes the
+    parent passed down); the wait is no step's time. If the parent goes away, the process runs on freely."""
+
+    def __init__(self, read_fd, write_fd, every):
+        self.read_fd, self.write_fd, self.every = read_fd, write_fd, every
+        for fd in (read_fd, write_fd):
+            os.set_inheritable(fd, False)  # not into processes the example may start
+
+    @classmethod
+    def from_env(cls):
+        spec = os.environ.get("PHASES_TURNS")
+        return cls(*map(int, spec.split(","))) if spec else None
+
+    def after_step(self, steps_done):
+        if self.write_fd is None or steps_done % self.every:
+            return
+        try:
+            os.write(self.write_fd, b".")
+            if os.read(self.read_fd, 1):
+                return
+        except OSError:
+            pass
+        self.write_fd = None
 
 
 class StepTimer:
     """Self time of each phase per step; a step ends when the outermost optimizer call returns."""
 
-    def __init__(self, clock=time.perf_counter):
+    def __init__(self, clock=time.perf_counter, turns=None):
         self.clock = clock
+        self.turns = turns
         self.records = []
         self.epoch = 0
         self.current = defaultdict(float)
@@ -71,6 +104,9 @@ class StepTimer:
         record["other"] = record["step"] - sum(record[p] for p in PHASES)
         self.records.append(record)
         self.current.clear()
+        if self.turns:
+            self.turns.after_step(len(self.records))
+            now = self.clock()  # the next step starts when this process has its turn again
         self.step_start = now
 
 
@@ -106,12 +142,11 @@ def patch(timer, framework):
 
 
 def framework_of(script):
+    from utils.dist import script_path
     path = Path(script).resolve()
-    parts = path.relative_to(ROOT).parts if path.is_relative_to(ROOT) else ("",)
-    if parts[:2] == ("horovod", "pytorch"):
-        return "horovod"
-    if parts[0] in ("DDP", "deepspeed"):
-        return parts[0].lower()
+    for name, framework in PYTORCH_EXAMPLES.items():
+        if script_path(name).resolve() == path:
+            return framework
     sys.exit(f"error: phases: {script} is not a PyTorch example (DDP/, horovod/pytorch/, deepspeed/ main.py)")
 
 
@@ -135,15 +170,15 @@ def main():
     script, argv = script_and_argv(sys.argv[1:])
     out = os.environ.get("PHASES_OUT")
     if script is None or not out:
-        sys.exit("usage: PHASES_OUT=PREFIX python utils/phases.py EXAMPLE/main.py [its flags]")
-    framework = framework_of(script)
+        sys.exit("usage: PHASES_OUT=PREFIX python utils/tools/phases.py EXAMPLE/main.py [its flags]")
     # The example sees what `python EXAMPLE/main.py` would give it: its own folder first on the path instead of
-    # utils/ (whose modules would stand as top-level names), the repo root last.
+    # utils/tools/ (whose modules would stand as top-level names), the repo root last (after site-packages).
     if sys.path and Path(sys.path[0] or ".").resolve() == Path(__file__).resolve().parent:
         sys.path.pop(0)
     sys.path.insert(0, str(Path(script).resolve().parent))
     sys.path.append(str(ROOT))
-    timer = StepTimer()
+    framework = framework_of(script)
+    timer = StepTimer(turns=Turns.from_env())
     patch(timer, framework)
     sys.argv = argv
     exit_code = 0

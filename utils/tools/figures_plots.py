@@ -1,0 +1,208 @@
+"""make figures' drawings: the plots (each returns the data it drew, {"panel|label": (x, y)} read back from the
+axes: what tests/test_figures.py checks) and the two diagrams drawn by code."""
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.patches import FancyArrowPatch, FancyBboxPatch  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
+
+DPI = 100
+
+
+# --- plots: each returns {"panel|label": (x, y)} read back from the axes -------------------------------------
+def plotted(fig):
+    return {f"{ax.get_title()}|{line.get_label()}": (list(map(float, line.get_xdata())),
+                                                     list(map(float, line.get_ydata())))
+            for ax in fig.axes for line in ax.get_lines() if not line.get_label().startswith("_")}
+
+
+def save(fig, path, title):
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=DPI)
+    data = plotted(fig)
+    plt.close(fig)
+    print(f"[figures] wrote {path}", flush=True)
+    return data
+
+
+def plot_speedup(tables, path, title):
+    fig, ax = plt.subplots(figsize=(5, 3.6))
+    top = max(max(t["ranks"]) for t in tables.values())
+    lo = min(min(t["ranks"]) for t in tables.values())
+    ax.plot([lo, top], [lo, top], "k--", label="ideal")
+    for label, t in tables.items():
+        ax.plot(t["ranks"], t["speedup"], "o-", label=label)
+    ax.set(xlabel="ranks", ylabel="speedup (throughput vs 1 rank)", title="speedup")
+    ax.set_xticks(sorted({n for t in tables.values() for n in t["ranks"]}))
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return save(fig, path, title)
+
+
+def plot_efficiency(tables, path, title):
+    fig, ax = plt.subplots(figsize=(5, 3.6))
+    ranks = sorted({n for t in tables.values() for n in t["ranks"]})
+    ax.plot([ranks[0], ranks[-1]], [1, 1], "k--", label="ideal")
+    for label, t in tables.items():
+        ax.plot(t["ranks"], t["efficiency"], "o-", label=label)
+    ax.set(xlabel="ranks", ylabel="efficiency (speedup / ranks)", title="efficiency", ylim=(0, 1.15))
+    ax.set_xticks(ranks)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return save(fig, path, title)
+
+
+def plot_epoch_time(tables, path, title):
+    fig, ax = plt.subplots(figsize=(5, 3.6))
+    for label, t in tables.items():
+        line, = ax.plot(t["ranks"], t["epoch_time_s"], "o-", label=label)
+        ideal = [t["epoch_time_s"][0] * t["ranks"][0] / n for n in t["ranks"]]
+        ax.plot(t["ranks"], ideal, ":", color=line.get_color(), label=f"ideal: {label.split(' ')[0]}")
+    ax.set(xlabel="ranks", ylabel="training time per epoch (s)", title="time per epoch", ylim=(0, None))
+    ax.set_xticks(sorted({n for t in tables.values() for n in t["ranks"]}))
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return save(fig, path, title)
+
+
+def plot_accuracy(curves, path, title):
+    """curves: {panel: {ranks: history}} -> test accuracy against epoch, one line per rank count."""
+    fig, axes = plt.subplots(1, len(curves), figsize=(4.2 * len(curves), 3.4), squeeze=False, sharey=True)
+    for ax, (panel, runs) in zip(axes[0], curves.items()):
+        for n in sorted(runs):
+            ax.plot([m["epoch"] for m in runs[n]], [m["test_acc"] for m in runs[n]], "o-", label=f"{n} rank(s)")
+        ax.set(xlabel="epoch", title=panel)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("test accuracy")
+    return save(fig, path, title)
+
+
+def plot_batch_efficiency(sizes, eff, path, title):
+    fig, ax = plt.subplots(figsize=(5, 3.6))
+    ax.plot([sizes[0], sizes[-1]], [1, 1], "k--", label="ideal")
+    ax.plot(sizes, eff, "o-", label="2 ranks")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sizes, [str(b) for b in sizes])
+    ax.set(xlabel="batch size per rank", ylabel="efficiency at 2 ranks", title="efficiency vs batch per rank",
+           ylim=(0, 1.15))
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return save(fig, path, title)
+
+
+def plot_lr_lesson(runs, path, title):
+    """runs: {workers: {variant: history}} -> one panel per worker count, accuracy vs epoch per variant."""
+    workers = sorted(runs)
+    fig, axes = plt.subplots(1, len(workers), figsize=(3.2 * len(workers), 3.3), squeeze=False, sharey=True)
+    styles = {}
+    for ax, w in zip(axes[0], workers):
+        lr = runs[w][next(iter(runs[w]))][-1]["lr"]
+        for variant, history in runs[w].items():
+            fmt = styles.setdefault(variant, ["o-", "s-", "^-", "v-"][len(styles) % 4])
+            ax.plot([m["epoch"] for m in history], [m["test_acc"] for m in history], fmt, ms=3, label=variant)
+        ax.set(xlabel="epoch", title=f"{w} workers (lr {lr:.3g})", ylim=(0, 1.02))
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("test accuracy")
+    handles = {h.get_label(): h for ax in axes[0] for h in ax.get_lines()}
+    fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=len(handles), fontsize=8)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=DPI)
+    data = plotted(fig)
+    plt.close(fig)
+    print(f"[figures] wrote {path}", flush=True)
+    return data
+
+
+# --- diagrams (drawn by code) ------------------------------------------------------------------------------
+def _box(ax, x, y, w, h, text, color, fontsize=8):
+    ax.add_patch(FancyBboxPatch((x, y), w, h, boxstyle="round,pad=0.02", fc=color, ec="black", lw=0.8))
+    ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=fontsize)
+
+
+def _arrow(ax, start, end, text="", color="black", style="-|>", rad=0.0):
+    ax.add_patch(FancyArrowPatch(start, end, arrowstyle=style, mutation_scale=10, color=color, lw=1.2,
+                                 connectionstyle=f"arc3,rad={rad}"))
+    if text:
+        ax.text((start[0] + end[0]) / 2, (start[1] + end[1]) / 2 + 0.15, text, ha="center", fontsize=7, color=color)
+
+
+def diagram_parallelism(path):
+    """Data parallelism (full model per worker, a slice of the batch each) vs model parallelism (layers split)."""
+    layer_colors = ["#9ecae1", "#6baed6", "#4292c6", "#2171b5"]
+    data_colors = ["#fdd0a2", "#fdae6b", "#fd8d3c", "#e6550d"]
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.9))
+    for ax in axes:
+        ax.set_xlim(0, 10)
+        ax.set_ylim(0, 7.5)
+        ax.axis("off")
+    ax = axes[0]
+    ax.set_title("data parallelism: every worker holds the whole model", fontsize=9)
+    for r in range(4):
+        x = 0.3 + r * 2.45
+        _box(ax, x, 5.6, 1.9, 0.7, f"batch slice {r}", data_colors[r])
+        for li in range(4):
+            _box(ax, x + 0.2, 1.5 + li * 0.8, 1.5, 0.6, f"layer {li + 1}", layer_colors[li], fontsize=7)
+        ax.text(x + 0.95, 0.95, f"GPU {r}", ha="center", fontsize=8, weight="bold")
+        _arrow(ax, (x + 0.95, 5.6), (x + 0.95, 4.75))
+    ax.plot([0.4, 9.6], [0.55, 0.55], color="#31a354", lw=2)
+    ax.text(5, 0.1, "all-reduce: average the gradients, every copy takes the same step", ha="center",
+            fontsize=8, color="#31a354")
+    ax = axes[1]
+    ax.set_title("model parallelism: each worker holds some layers", fontsize=9)
+    _box(ax, 0.2, 5.6, 2.2, 0.7, "whole batch", "#fdae6b")
+    for r in range(4):
+        x = 0.3 + r * 2.45
+        _box(ax, x + 0.2, 3.0, 1.5, 0.8, f"layer {r + 1}", layer_colors[r])
+        ax.text(x + 0.95, 0.95, f"GPU {r}", ha="center", fontsize=8, weight="bold")
+        if r < 3:
+            _arrow(ax, (x + 1.75, 3.4), (x + 2.6, 3.4), color="#756bb1")
+    _arrow(ax, (1.25, 5.6), (1.25, 3.85))
+    ax.text(5.2, 4.3, "activations forward, their gradients backward", ha="center", fontsize=8, color="#756bb1")
+    ax.text(5, 0.1, "(pipeline: layers split; tensor parallel: each layer split)", ha="center", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    print(f"[figures] wrote {path}", flush=True)
+
+
+def diagram_allreduce(path):
+    """Each rank's gradient g_r -> ring all-reduce (reduce-scatter, all-gather) -> the average on every rank."""
+    grads = [[0.8, 0.2, 0.5, 0.3], [0.4, 0.6, 0.1, 0.7], [0.6, 0.4, 0.9, 0.1], [0.2, 0.8, 0.5, 0.5]]
+    mean = [sum(g[i] for g in grads) / 4 for i in range(4)]
+    colors = ["#e6550d", "#31a354", "#3182bd", "#756bb1"]
+    fig, ax = plt.subplots(figsize=(9, 3.9))
+    ax.set_xlim(0, 12)
+    ax.set_ylim(-0.7, 6.6)
+    ax.axis("off")
+
+    def bars(x0, y0, values, color, label):
+        for i, v in enumerate(values):
+            ax.add_patch(plt.Rectangle((x0 + i * 0.3, y0), 0.24, v * 1.1, fc=color, ec="black", lw=0.5))
+        ax.text(x0 + 0.55, y0 - 0.35, label, ha="center", fontsize=8)
+
+    for r in range(4):
+        x = 0.6 + r * 2.9
+        bars(x, 4.6, grads[r], colors[r], f"rank {r}: g{r}")
+        bars(x, 0.6, mean, "#bdbdbd", f"rank {r}: (g0+g1+g2+g3)/4")
+        _arrow(ax, (x + 0.55, 4.15), (x + 0.55, 3.35))
+        _arrow(ax, (x + 0.55, 2.55), (x + 0.55, 1.85))
+    _box(ax, 0.4, 2.6, 11.2, 0.7, "ring all-reduce: N-1 reduce-scatter steps, then N-1 all-gather steps; "
+         "each rank sends 2(N-1)/N x S bytes", "#f0f0f0")
+    ax.text(6, 6.35, "after backward: a different gradient on every rank (each saw different data)",
+            ha="center", fontsize=9)
+    ax.text(6, -0.6, "after the all-reduce: the same average everywhere, so every copy of the model stays identical",
+            ha="center", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    print(f"[figures] wrote {path}", flush=True)
