@@ -18,6 +18,8 @@ LESSONS = {  # script: the README that explains its lines
     "horovod/tensorflow/keras_main.py": "horovod/tensorflow/README.md",
     "deepspeed/main.py": "deepspeed/README.md",
     "zero/main.py": "zero/README.md",
+    "model_parallel/tensor_parallel.py": "model_parallel/README.md",
+    "model_parallel/pipeline_parallel.py": "model_parallel/README.md",
 }
 MARKER = re.compile(r"#.*?\[([^\]\s]*)\]")  # a [..] inside a comment
 NUMBERED = re.compile(r"\[(\d+)\]")

@@ -295,6 +295,8 @@ EXAMPLES = {  # name: script, relative to the repository root
     "horovod-keras": "horovod/tensorflow/keras_main.py",
     "deepspeed": "deepspeed/main.py",
     "zero": "zero/main.py",
+    "tensor-parallel": "model_parallel/tensor_parallel.py",
+    "pipeline-parallel": "model_parallel/pipeline_parallel.py",
 }
 LAUNCHERS = ("python", "torchrun", "mpiexec", "horovodrun", "horovodrun-mpi", "deepspeed")
 
