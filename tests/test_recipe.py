@@ -75,3 +75,31 @@ def test_nothing_a_lesson_imports_reads_a_test_variable():
 
 def test_the_front_page_is_short():
     assert len((ROOT / "README.md").read_text().splitlines()) <= 250
+
+
+# --- every page of notes: shell blocks are valid, scripts and links exist ----------------------------------------
+def pages():
+    skip = {".venv", "runs", ".git", "node_modules", ".pytest_cache"}
+    return [p for p in ROOT.rglob("*.md") if not skip & set(p.relative_to(ROOT).parts)]
+
+
+@pytest.mark.parametrize("page", pages(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_shell_block_parses_and_names_scripts_that_exist(page):
+    import subprocess
+    for block in re.findall(r"```(?:bash|sh)\n(.*?)```", page.read_text(), re.S):
+        # placeholders such as <project> or <JOBID> are the reader's to fill in
+        check = subprocess.run(["bash", "-n"], input=re.sub(r"<(\w[\w -]*)>", r"\1", block), text=True,
+                               capture_output=True)
+        assert check.returncode == 0, f"{page}: {check.stderr}\n{block}"
+        for script in re.findall(r"(?:^|\s)((?:[\w.-]+/)*[\w-]+\.(?:py|sh))\b", block):
+            if "/" in script and not script.startswith(("/", "$")):
+                assert (ROOT / script).exists() or (page.parent / script).exists(), f"{page}: {script}"
+
+
+@pytest.mark.parametrize("page", pages(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_relative_link_points_at_a_file(page):
+    for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+        if re.match(r"[a-z]+:", target) or target.startswith("#"):
+            continue
+        path = (page.parent / target.split("#")[0]).resolve()
+        assert path.exists(), f"{page.relative_to(ROOT)} links to {target}, which does not exist"
