@@ -199,16 +199,6 @@ def group_timeout(timeout):
         c10d.default_pg_nccl_timeout = timeout
 
 
-def all_sum(values, env):
-    """Sum a few numbers over all ranks with torch.distributed (metrics), so every rank reports the global value."""
-    import torch
-    import torch.distributed as dist
-    t = torch.tensor(values, dtype=torch.float64, device=env.device)
-    if env.distributed:
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
-    return t.tolist()
-
-
 def all_max(value, env):
     """The largest of one number over all ranks (e.g. the slowest rank's epoch time)."""
     import torch
