@@ -81,16 +81,16 @@ def main():
     # [1] Who am I? The launcher's variables give this process's rank, its local rank on this node and the
     #     world size (torchrun: RANK...; mpiexec: PMI_RANK...; srun: SLURM_PROCID...: the table in utils/dist.py).
     env = course.export_rendezvous(course.discover())  # + MASTER_ADDR/PORT, where the ranks meet
-    # [2] Pin this rank to one device before anything touches it: GPU number = local rank. On CPUs: its share
-    #     of the cores, so that N ranks on one node do not fight over them.
+    # [2] Pin this rank to one device before anything touches it: GPU (or Aurora tile) number = local rank.
+    #     On CPUs: its share of the cores, so that N ranks on one node do not fight over them.
     env.device = course.pick_device(args.device, env.local_rank)
-    if env.device.startswith("cuda"):
-        torch.cuda.set_device(env.device)
+    if env.device != "cpu":  # one call for NVIDIA (cuda:N) and Intel (xpu:N) GPUs: torch.cuda/xpu.set_device
+        torch.accelerator.set_device_index(env.device)
     env.num_threads = course.threads_per_rank(args.num_threads, env.local_world_size)
     torch.set_num_threads(env.num_threads)
     # [1] Start the process group: returns once all world_size ranks have joined at MASTER_ADDR:MASTER_PORT.
     if env.distributed:
-        env.backend = course.pick_backend(args.backend, env.device)  # nccl between GPUs, gloo between CPUs
+        env.backend = course.pick_backend(args.backend, env.device)  # xccl (Intel) / nccl (NVIDIA) / gloo (CPU)
         dist.init_process_group(env.backend, rank=env.rank, world_size=env.world_size,
                                 timeout=timedelta(seconds=args.dist_timeout),  # a dead peer ends the job
                                 store=course.restart_store(env))  # (None, except after a torchrun restart)
@@ -132,7 +132,7 @@ def main():
     run.keep_epochs_before(first_epoch)
     if env.distributed:
         # [5] Wrap the model: DDP broadcasts rank 0's weights to every rank, then hooks [6] into backward.
-        model = DDP(model, device_ids=[env.local_rank] if env.device.startswith("cuda") else None)
+        model = DDP(model, device_ids=None if env.device == "cpu" else [env.device])
     run.write_config(args, env.as_dict(), FRAMEWORK, {"log_dir": log_dir, "scaled_lr": lr})
 
     # --- train / evaluate --------------------------------------------------------------------------------

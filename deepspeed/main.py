@@ -106,7 +106,7 @@ def main():
     env.num_threads = course.threads_per_rank(args.num_threads, env.local_world_size)
     torch.set_num_threads(env.num_threads)
     # [1] Start the process group (and DeepSpeed's communication layer over it).
-    env.backend = course.pick_backend(args.backend, env.device)  # nccl between GPUs, gloo between CPUs
+    env.backend = course.pick_backend(args.backend, env.device)  # xccl / nccl between GPUs, gloo on CPUs
     course.group_timeout(timedelta(seconds=args.dist_timeout))  # also for the groups DeepSpeed makes itself
     deepspeed.init_distributed(env.backend, auto_mpi_discovery=False, verbose=False,
                                timeout=timedelta(seconds=args.dist_timeout))

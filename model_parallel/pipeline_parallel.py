@@ -124,8 +124,8 @@ def main():
         log.fail(f"--schedule 1f1b needs at least one micro-batch per stage: --micro-batches {k} < {stages} stages")
     # [2] Pin the device to the local rank (GPU = local rank; on CPUs a share of the cores).
     env.device = course.pick_device(args.device, env.local_rank)
-    if env.device.startswith("cuda"):
-        torch.cuda.set_device(env.device)
+    if env.device != "cpu":  # one call for NVIDIA (cuda:N) and Intel (xpu:N) GPUs: torch.cuda/xpu.set_device
+        torch.accelerator.set_device_index(env.device)
     env.num_threads = course.threads_per_rank(args.num_threads, env.local_world_size)
     torch.set_num_threads(env.num_threads)
     if env.distributed:  # [1] Start the process group: the stages send each other activations and gradients

@@ -103,8 +103,8 @@ def main():
                  f"each rank must hold an equal slice")
     # [2] Pin the device to the local rank (GPU = local rank; on CPUs a share of the cores).
     env.device = course.pick_device(args.device, env.local_rank)
-    if env.device.startswith("cuda"):
-        torch.cuda.set_device(env.device)
+    if env.device != "cpu":  # one call for NVIDIA (cuda:N) and Intel (xpu:N) GPUs: torch.cuda/xpu.set_device
+        torch.accelerator.set_device_index(env.device)
     env.num_threads = course.threads_per_rank(args.num_threads, env.local_world_size)
     torch.set_num_threads(env.num_threads)
     mesh = None

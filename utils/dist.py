@@ -113,11 +113,17 @@ def _mpi_bcast(value):
 
 
 def pick_device(requested, local_rank):
+    """--device: `xpu:<local rank>` (Intel GPUs: Aurora's tiles), `cuda:<local rank>` (NVIDIA), or `cpu`.
+    `auto` takes the first that torch can see, in that order. An impossible choice is one line, exit 2."""
     import torch
-    if requested == "cuda" or (requested == "auto" and torch.cuda.is_available()):
-        if not torch.cuda.is_available():
-            fail("--device cuda: no CUDA device is visible (torch.cuda.is_available() is False)")
-        return f"cuda:{local_rank % torch.cuda.device_count()}"
+    for kind in ("xpu", "cuda"):
+        module = getattr(torch, kind, None)
+        present = module is not None and module.is_available()
+        if requested == kind or (requested == "auto" and present):
+            if not present:
+                fail(f"--device {kind}: this torch ({torch.__version__}) sees no {kind} device "
+                     f"(torch.{kind}.is_available() is False); use --device cpu or auto")
+            return f"{kind}:{local_rank % module.device_count()}"
     return "cpu"
 
 
@@ -168,13 +174,20 @@ def horovod_knobs(on_cpu, dist_timeout=None):
 
 
 def pick_backend(requested, device):
-    """The torch.distributed backend: --backend, or for `auto` nccl between GPUs and gloo between CPUs."""
+    """The torch.distributed backend: --backend, or for `auto` the vendor's library between GPUs (xccl on
+    Intel, nccl on NVIDIA) and gloo between CPUs. An impossible pairing is one line, exit 2."""
     import torch.distributed as dist
-    backend = requested if requested != "auto" else ("nccl" if device.startswith("cuda") else "gloo")
-    if backend == "mpi" and not dist.is_mpi_available():
-        fail("--backend mpi: this torch build has no MPI backend; use gloo (CPU) or nccl (GPU)")
-    if backend == "nccl" and not device.startswith("cuda"):
-        fail("--backend nccl needs GPUs; use --backend gloo on CPUs")
+    kind = device.split(":")[0]
+    backend = requested if requested != "auto" else {"xpu": "xccl", "cuda": "nccl"}.get(kind, "gloo")
+    wants = {"nccl": "cuda", "xccl": "xpu"}.get(backend)
+    if wants and kind != wants:
+        fail(f"--backend {backend} connects {wants} devices and this rank's device is {device}; "
+             "use --backend auto")
+    available = getattr(dist, f"is_{backend}_available", lambda: True)()
+    if not available:
+        fail(f"--backend {backend}: this torch build has no {backend} backend; use --backend auto")
+    if backend == "gloo" and kind == "xpu":
+        fail("--backend gloo cannot move xpu tensors; use --backend xccl (or auto)")
     return backend
 
 
@@ -336,3 +349,28 @@ def launch_command(example, nproc=1, launcher="torchrun", args=(), *, port=None,
     # deepspeed: on CPUs --num_gpus is the process count (without it, one process)
     return [str(bin_dir / "deepspeed"), "--num_gpus", str(nproc), "--master_port", port, *launcher_flags,
             *program, *tail]
+
+
+def simulated_nodes(example, nnodes, nproc_per_node, launcher="torchrun", args=(), *, port=None, bin_dir=None,
+                    python=None):
+    """Commands that run `example` as `nnodes` nodes of `nproc_per_node` ranks, all on this host: a multi-node
+    launch rehearsed on one machine. Start every command at once; together they make one job.
+
+    torchrun: one launcher per "node" (as on a cluster: one per host), meeting at a c10d rendezvous on loopback;
+    local ranks restart at 0 on each node, global ranks do not. mpiexec (MPICH's Hydra): one launch over
+    `nnodes` host entries that all name this machine, its proxies forked instead of started over ssh.
+    """
+    python = str(python or sys.executable)
+    bin_dir = Path(bin_dir or Path(sys.executable).parent)
+    port = str(port or free_port())
+    program, tail = [str(script_path(example))], [*map(str, args)]
+    if launcher == "torchrun":
+        node = [str(bin_dir / "torchrun"), "--nnodes", str(nnodes), "--nproc_per_node", str(nproc_per_node),
+                "--rdzv_backend", "c10d", "--rdzv_endpoint", f"{LOOPBACK}:{port}", "--rdzv_id", "simulated",
+                *program, *tail]
+        return [node] * nnodes  # the same command on every node: the rendezvous numbers the nodes
+    if launcher == "mpiexec":
+        hosts = ",".join(f"127.0.0.{i + 1}" for i in range(nnodes))
+        return [[str(bin_dir / "mpiexec"), "-launcher", "fork", "-hosts", hosts, "-ppn", str(nproc_per_node),
+                 "-n", str(nnodes * nproc_per_node), "-env", "MASTER_PORT", port, python, *program, *tail]]
+    raise ValueError(f"simulated nodes are started by torchrun or mpiexec, not {launcher!r}")

@@ -11,18 +11,23 @@ import time
 
 _RANK = 0
 _ALL_RANKS = False
+_PREFIX = ""
 
 
 def configure(rank, log_all_ranks=False):
-    global _RANK, _ALL_RANKS
+    global _RANK, _ALL_RANKS, _PREFIX
     _RANK, _ALL_RANKS = rank, log_all_ranks
+    if log_all_ranks:  # where each rank runs: global rank, and its local rank on its node (from the launcher)
+        from utils.dist import discover
+        _PREFIX = f"[rank {rank}, local {discover().local_rank}] "
 
 
 def info(message):
-    """Print on rank 0 (or on every rank with --log-all-ranks, prefixed by the rank)."""
+    """Print on rank 0 (or on every rank with --log-all-ranks, prefixed by its global and local rank)."""
     if _RANK == 0 or _ALL_RANKS:
-        prefix = f"[rank {_RANK}] " if _ALL_RANKS else ""
-        print(prefix + message, flush=True)
+        # One write per line (print() writes text and newline apart): lines from ranks sharing a pipe stay whole.
+        sys.stdout.write((_PREFIX if _ALL_RANKS else "") + message + "\n")
+        sys.stdout.flush()
 
 
 class UserError(Exception):

@@ -109,10 +109,10 @@ def get_parser(description):
     g.add_argument("--download", action="store_true", help="download full MNIST into --data-dir (rank 0; others wait)")
 
     g = p.add_argument_group("distributed")
-    g.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
-                   help="auto: cuda:<local rank> when GPUs exist, else cpu")
-    g.add_argument("--backend", choices=["auto", "gloo", "nccl", "mpi"], default="auto",
-                   help="torch.distributed backend; auto: nccl on GPUs, gloo on CPUs")
+    g.add_argument("--device", choices=["auto", "cpu", "cuda", "xpu"], default="auto",
+                   help="auto: xpu:<local rank> on Intel GPUs, else cuda:<local rank> on NVIDIA GPUs, else cpu")
+    g.add_argument("--backend", choices=["auto", "gloo", "nccl", "xccl", "mpi"], default="auto",
+                   help="torch.distributed backend; auto: xccl on Intel GPUs, nccl on NVIDIA GPUs, gloo on CPUs")
     g.add_argument("--num-threads", type=positive_int, default=None,
                    help="CPU threads per rank; default: cores on the node / ranks on the node")
     g.add_argument("--dist-timeout", type=positive_int, default=120,
@@ -138,6 +138,10 @@ def clip_flag(parser):
     return parser
 
 
+# The vendor collective libraries and the one device each connects.
+GPU_BACKENDS = {"nccl": "cuda", "xccl": "xpu"}
+
+
 def parse(parser, argv=None):
     args = parser.parse_args(argv)
     if args.data_dir is not None and not args.download and not os.path.isdir(args.data_dir):
@@ -153,6 +157,7 @@ def parse(parser, argv=None):
                 print(f"--resume auto: {args.log_dir} has finished {done} of {args.epochs} epoch(s) already: "
                       "nothing left to do", flush=True)
             sys.exit(0)
-    if args.backend == "nccl" and args.device == "cpu":
-        parser.error("--backend nccl needs GPUs; use --backend gloo with --device cpu")
+    if args.backend in GPU_BACKENDS and args.device not in ("auto", GPU_BACKENDS[args.backend]):
+        parser.error(f"--backend {args.backend} connects {GPU_BACKENDS[args.backend]} devices, not --device "
+                     f"{args.device}; use --backend auto")
     return args

@@ -16,6 +16,12 @@ def configure_tf(device, local_rank, num_threads):
     tf.config.threading.set_intra_op_parallelism_threads(num_threads)
     tf.config.threading.set_inter_op_parallelism_threads(1)
     gpus = tf.config.list_physical_devices("GPU")
+    if device == "xpu":  # Intel GPUs: the course's TensorFlow lessons have no path there (Horovod TF is not on Aurora)
+        raise UserError("--device xpu: the TensorFlow lessons run on CPUs and NVIDIA GPUs; on Intel GPUs (Aurora) "
+                        "use DDP/main.py")
+    if device == "cuda" and not gpus:
+        raise UserError("--device cuda: TensorFlow sees no GPU (tf.config.list_physical_devices('GPU') is empty); "
+                        "use --device cpu or auto")
     if device == "cpu" or not gpus:
         tf.config.set_visible_devices([], "GPU")
         return "cpu"

@@ -97,6 +97,8 @@ def main():
                          backend="horovod-" + ("mpi" if hvd.mpi_enabled() else "gloo"))
     # [2] Pin this rank to one device: GPU number = local rank. On CPUs: its share of the cores.
     env.device = course.pick_device(args.device, hvd.local_rank())
+    if env.device.startswith("xpu"):  # Horovod has no Intel GPU support (Aurora dropped it in 2026)
+        log.fail(f"Horovod cannot train on {env.device}: on Intel GPUs (Aurora) use DDP/main.py (xccl)")
     if env.device.startswith("cuda"):
         torch.cuda.set_device(env.device)
     env.num_threads = course.threads_per_rank(args.num_threads, hvd.local_size())

@@ -1,0 +1,163 @@
+"""Devices, backends and multi-node launches (issue 22).
+
+- The device and backend choice: `--device auto` takes xpu (Intel GPUs, Aurora), then cuda, then cpu, pinned by
+  local rank; `--backend auto` maps xpu -> xccl, cuda -> nccl, cpu -> gloo. The selection logic runs here against
+  a torch whose `xpu`/`cuda` modules claim devices (no GPU exists on these machines); every impossible choice runs
+  for real, under a real launcher: one `error:` line per rank and a non-zero exit, no traceback.
+- Multi-node, rehearsed on one machine: two torchrun launchers with --nnodes 2 and a c10d rendezvous on loopback
+  (or one Hydra launch over two host entries), so local ranks restart on each "node" while global ranks do not;
+  the result equals the same world on one node (which it could not if shards were cut by local rank).
+"""
+import subprocess
+import sys
+import types
+
+import pytest
+import torch
+
+from conftest import ROOT, check, error_lines, metrics, mpiexec, run, summary, torchrun
+
+sys.path.append(str(ROOT))
+from utils import dist as course  # noqa: E402
+
+DDP, HVD_TORCH, HVD_TF, DS = "DDP/main.py", "horovod/pytorch/main.py", "horovod/tensorflow/main.py", "deepspeed/main.py"
+TP, PP = "model_parallel/tensor_parallel.py", "model_parallel/pipeline_parallel.py"
+SHORT = ["--epochs", "1", "--max-steps", "8", "--num-threads", "1"]
+
+
+# --- the choice, against a torch that claims devices -------------------------------------------------------
+def fake_devices(monkeypatch, xpu=0, cuda=0):
+    for kind, count in (("xpu", xpu), ("cuda", cuda)):
+        monkeypatch.setattr(torch, kind, types.SimpleNamespace(is_available=lambda c=count: c > 0,
+                                                               device_count=lambda c=count: c))
+    monkeypatch.setattr(torch.distributed, "is_xccl_available", lambda: xpu > 0, raising=False)
+
+
+@pytest.mark.parametrize("xpu, cuda, local_rank, expected", [
+    (12, 0, 13, "xpu:1"),    # Aurora: 12 tiles per node, the 14th rank on a node wraps around
+    (12, 4, 3, "xpu:3"),     # Intel first when both exist
+    (0, 4, 6, "cuda:2"),     # Polaris: 4 A100
+    (0, 0, 5, "cpu"),
+])
+def test_auto_device_prefers_xpu_then_cuda_then_cpu_pinned_by_local_rank(monkeypatch, xpu, cuda, local_rank,
+                                                                          expected):
+    fake_devices(monkeypatch, xpu, cuda)
+    assert course.pick_device("auto", local_rank) == expected
+
+
+@pytest.mark.parametrize("device, backend", [("xpu:3", "xccl"), ("cuda:1", "nccl"), ("cpu", "gloo")])
+def test_auto_backend_is_the_vendors_library(monkeypatch, device, backend):
+    fake_devices(monkeypatch, xpu=12)
+    assert course.pick_backend("auto", device) == backend
+
+
+@pytest.mark.parametrize("requested, device, words", [
+    ("nccl", "xpu:0", "--backend nccl connects cuda devices"),
+    ("xccl", "cuda:0", "--backend xccl connects xpu devices"),
+    ("gloo", "xpu:0", "--backend gloo cannot move xpu tensors"),
+])
+def test_a_backend_that_cannot_reach_the_device_is_one_line(monkeypatch, capsys, requested, device, words):
+    fake_devices(monkeypatch, xpu=12, cuda=4)
+    with pytest.raises(SystemExit) as exit_info:
+        course.pick_backend(requested, device)
+    assert exit_info.value.code == 2 and words in capsys.readouterr().err
+
+
+def test_xccl_missing_from_the_torch_build_is_one_line(monkeypatch, capsys):
+    fake_devices(monkeypatch, xpu=12)
+    monkeypatch.setattr(torch.distributed, "is_xccl_available", lambda: False, raising=False)
+    with pytest.raises(SystemExit):
+        course.pick_backend("auto", "xpu:0")
+    assert "this torch build has no xccl backend" in capsys.readouterr().err
+
+
+# --- impossible choices, for real: every rank says one line and the job ends ------------------------------
+IMPOSSIBLE = [(["--device", "xpu"], "--device xpu"), (["--device", "cuda"], "--device cuda"),
+              (["--backend", "xccl"], "--backend xccl"), (["--backend", "nccl"], "--backend nccl"),
+              (["--device", "cpu", "--backend", "nccl"], "--backend nccl")]
+
+
+@pytest.mark.parametrize("flags, words", IMPOSSIBLE, ids=[" ".join(f) for f, _ in IMPOSSIBLE])
+def test_impossible_device_or_backend_ends_every_rank_with_one_line(tmp_path, flags, words):
+    result = run(mpiexec(2, DDP, *SHORT, *flags, "--log-dir", tmp_path / "log"), timeout=120)
+    assert result.returncode != 0
+    errors = error_lines(result.stderr)
+    assert len(errors) == 2 and all(words in e for e in errors), result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "log" / "summary.json").exists()
+
+
+@pytest.mark.parametrize("script, flags, words", [
+    (HVD_TORCH, ["--device", "xpu"], "--device xpu"), (DS, ["--device", "xpu"], "--device xpu"),
+    (TP, ["--device", "cuda"], "--device cuda"), (PP, ["--backend", "xccl"], "--backend xccl"),
+    (HVD_TF, ["--device", "xpu"], "on Intel GPUs (Aurora) use DDP/main.py"),
+    (HVD_TF, ["--device", "cuda"], "TensorFlow sees no GPU"),
+])
+def test_every_pytorch_and_tensorflow_example_refuses_a_missing_device(tmp_path, script, flags, words):
+    result = run(mpiexec(2, script, *SHORT, *flags, "--log-dir", tmp_path / "log"), timeout=180)
+    assert result.returncode != 0
+    errors = error_lines(result.stderr)
+    assert len(errors) == 2 and all(words in e for e in errors), result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+
+
+# --- two nodes on one machine ---------------------------------------------------------------------------------
+def run_together(commands, timeout):
+    """Start every command at once (one per simulated node) and wait for all; a hang fails the test."""
+    procs = [subprocess.Popen(c, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              start_new_session=True) for c in commands]
+    outs = []
+    for proc in procs:
+        try:
+            outs.append(proc.communicate(timeout=timeout))
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+            pytest.fail(f"simulated nodes timed out after {timeout}s: {commands[0]}")
+    return [(p.returncode, out, err) for p, (out, err) in zip(procs, outs)]
+
+
+def same_training(one_node, two_nodes):
+    strip = ("epoch_time_s", "train_time_s", "samples_per_s")
+    a, b = ([{k: v for k, v in m.items() if k not in strip} for m in metrics(d)] for d in (one_node, two_nodes))
+    assert a == b
+    checksums = summary(one_node).get("param_checksums")
+    assert checksums == summary(two_nodes).get("param_checksums")  # identical weights, rank by rank
+
+
+def test_ddp_on_two_simulated_nodes_numbers_ranks_globally_and_equals_one_node(tmp_path):
+    flags = [*SHORT, "--log-all-ranks"]
+    check(run(torchrun(4, DDP, *flags, "--log-dir", tmp_path / "one"), timeout=240))
+    nodes = run_together(course.simulated_nodes(DDP, 2, 2, "torchrun", [*flags, "--log-dir", tmp_path / "two"]),
+                         timeout=240)
+    assert [code for code, _, _ in nodes] == [0, 0], [err[-2000:] for _, _, err in nodes]
+    # Each node's launcher starts local ranks 0 and 1; the rendezvous gives one node global ranks 0-1, the other 2-3.
+    seen = sorted(tuple(sorted(int(line.split()[1].rstrip(",")) for line in out.splitlines()
+                               if line.startswith("[rank ") and "pytorch-ddp:" in line)) for _, out, _ in nodes)
+    assert seen == [(0, 1), (2, 3)]
+    every = "".join(out for _, out, _ in nodes)
+    for rank, local in ((0, 0), (1, 1), (2, 0), (3, 1)):
+        assert f"[rank {rank}, local {local}] pytorch-ddp: 4 rank(s) via torchrun" in every
+    assert summary(tmp_path / "two")["world_size"] == 4
+    same_training(tmp_path / "one", tmp_path / "two")
+
+
+@pytest.mark.parametrize("script, launcher", [(DDP, "mpiexec"), (HVD_TORCH, "mpiexec"), (DS, "torchrun"),
+                                              (TP, "torchrun"), (PP, "torchrun")])
+def test_every_pytorch_example_on_two_simulated_nodes_equals_one_node(tmp_path, script, launcher):
+    flags = [*SHORT, "--log-all-ranks"]
+    one = mpiexec(2, script, *flags, "--log-dir", tmp_path / "one") if launcher == "mpiexec" else \
+        torchrun(2, script, *flags, "--log-dir", tmp_path / "one")
+    check(run(one, timeout=300))
+    nodes = run_together(course.simulated_nodes(script, 2, 1, launcher, [*flags, "--log-dir", tmp_path / "two"]),
+                         timeout=300)
+    assert all(code == 0 for code, _, _ in nodes), [err[-2000:] for _, _, err in nodes]
+    every = "".join(out for _, out, _ in nodes)
+    assert "[rank 0, local 0]" in every and "[rank 1, local 0]" in every  # one rank per node: local 0 on both
+    assert "[rank 1, local 1]" not in every
+    same_training(tmp_path / "one", tmp_path / "two")
+
+
+def test_simulated_nodes_refuses_a_launcher_that_cannot_do_it():
+    with pytest.raises(ValueError, match="torchrun or mpiexec"):
+        course.simulated_nodes(DDP, 2, 1, "horovodrun")
