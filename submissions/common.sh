@@ -7,9 +7,17 @@
 # script, through environment variables (qsub -v / sbatch --export / export in an interactive job):
 #
 #   TRAIN_ARGS       extra flags for main.py, e.g. "--epochs 4 --batch-size 128" (or pass them as arguments)
-#   RANKS_PER_NODE   ranks on each node (theta 4, thetagpu 8, polaris 4, slurm 4); NRANKS on `local` (2)
-#   THREADS_PER_RANK CPU threads per rank (default: the node's cores shared by its ranks)
-#   DEVICE           --device for main.py (theta: cpu, thetagpu/polaris: cuda, slurm/local: auto)
+#   RANKS_PER_NODE   ranks on each node (aurora 12, one per GPU tile; sophia 8, or the GPUs a by-gpu job lists
+#                    in CUDA_VISIBLE_DEVICES; polaris 4; thetagpu 8; theta 4; slurm 4); NRANKS on `local` (2)
+#   THREADS_PER_RANK CPU threads per rank (default: the node's cores shared by its ranks; aurora: 8, the cores
+#                    of each rank's entry in the binding list)
+#   DEVICE           --device for main.py (aurora: xpu; sophia/polaris/thetagpu: cuda; theta: cpu;
+#                    slurm/local: auto); the backend stays `auto` (xccl on xpu, nccl on cuda, gloo on cpu)
+#   CPU_BIND         aurora/polaris: mpiexec's --cpu-bind (aurora: list of 8 cores per rank from ALCF's
+#                    running-jobs page; polaris: depth, 8 cores per rank; e.g. list:0,1:8,9:16,17:24,25)
+#   AURORA_CCL=0     aurora: leave out the oneCCL/libfabric settings of ALCF's PyTorch guide (README, Aurora)
+#   POLARIS_NCCL_TUNING=1  polaris: add the NCCL/libfabric settings of ALCF's guide (README, Polaris), with
+#                    the aws-ofi-nccl plugin from POLARIS_OFI_NCCL_DIR
 #   ENV_SETUP        shell code that sets up Python + frameworks + MPI instead of the machine's default
 #                    (ENV_SETUP=: when the current shell is already set up)
 #   PYTHON           the Python that runs main.py (default: `python` after ENV_SETUP; the .venv's on `local`)
@@ -20,6 +28,7 @@
 #   LAUNCHER         `local` only: mpiexec (default), torchrun, deepspeed, horovodrun
 #   DRY_RUN=1        print the plan and the launch commands, run nothing
 #
+# Theta and ThetaGPU were retired on 2023-12-31: their scripts still work as references and warn when run.
 # Polaris GPU affinity is also here: `bash common.sh gpu-affinity CMD...` (what polaris/*.sh put between
 # mpiexec and python) sets CUDA_VISIBLE_DEVICES from the rank's local rank, then runs CMD.
 
@@ -28,6 +37,23 @@ SDL_EXAMPLES=(ddp horovod-pytorch horovod-tensorflow deepspeed)
 
 sdl_die() { echo "error: $*" >&2; exit 1; }
 sdl_say() { echo "[submissions] $*"; }
+sdl_warn() { echo "[submissions] warning: $*" >&2; }
+
+sdl_machine_name() {
+  case "$1" in
+    aurora) echo Aurora ;; sophia) echo Sophia ;; polaris) echo Polaris ;; theta) echo Theta ;;
+    thetagpu) echo ThetaGPU ;; slurm) echo Slurm ;; *) echo "$1" ;;
+  esac
+}
+
+# The launch line as something to paste into a shell: words with spaces or quotes are single-quoted.
+sdl_show() {
+  local w out=() q="'"
+  for w in "$@"; do
+    if [[ "$w" =~ ^[A-Za-z0-9_./:=,@%+-]+$ ]]; then out+=("$w"); else out+=("$q${w//$q/$q\\$q$q}$q"); fi
+  done
+  echo "${out[*]}"
+}
 
 # --- the examples --------------------------------------------------------------------------------------
 sdl_example_script() {
@@ -45,7 +71,8 @@ sdl_example_framework() { if [[ "$1" == horovod-tensorflow ]]; then echo tensorf
 # --- rank arithmetic -------------------------------------------------------------------------------------
 sdl_is_count() { [[ "$1" =~ ^[1-9][0-9]*$ ]]; }
 
-# Nodes in a nodefile: one host per non-empty line (PBS_NODEFILE on Polaris, COBALT_NODEFILE on ThetaGPU).
+# Nodes in a nodefile: one host per non-empty line (PBS_NODEFILE on Aurora, Polaris and Sophia, COBALT_NODEFILE
+# on ThetaGPU).
 sdl_count_nodes() {
   [[ -r "$1" ]] || sdl_die "nodefile '$1' is missing or unreadable (is this running inside a job?)"
   grep -c '[^[:space:]]' "$1" || true
@@ -56,7 +83,9 @@ sdl_job_nodes() {
   case "$MACHINE" in
     theta) echo "${COBALT_JOBSIZE:?COBALT_JOBSIZE is not set: run this inside a Cobalt job on Theta}" ;;
     thetagpu) sdl_count_nodes "${COBALT_NODEFILE:?COBALT_NODEFILE is not set: run this inside a Cobalt job on ThetaGPU}" ;;
-    polaris) sdl_count_nodes "${PBS_NODEFILE:?PBS_NODEFILE is not set: run this inside a PBS job on Polaris}" ;;
+    aurora | sophia | polaris)
+      [[ -n "${PBS_NODEFILE:-}" ]] || sdl_die "PBS_NODEFILE is not set: run this inside a PBS job on $(sdl_machine_name "$MACHINE")"
+      sdl_count_nodes "$PBS_NODEFILE" ;;
     slurm) echo "${SLURM_JOB_NUM_NODES:-${SLURM_NNODES:?SLURM_JOB_NUM_NODES is not set: run this inside a Slurm job}}" ;;
     local) echo 1 ;;
     *) sdl_die "unknown MACHINE '$MACHINE'" ;;
@@ -79,10 +108,35 @@ sdl_layout() {
 }
 
 # --- machine defaults ------------------------------------------------------------------------------------
+# Aurora's CPU binding, from ALCF's running-jobs page: 8 cores per rank, ranks 0-5 on socket 0 (cores 1-48),
+# ranks 6-11 on socket 1 (cores 53-100); cores 0 and 52, the first of each socket, stay with the system.
+# With fewer ranks per node each keeps its entry (the first ones). Why this list: submissions/README.md, Aurora.
+SDL_AURORA_CPU_LIST=(1-8 9-16 17-24 25-32 33-40 41-48 53-60 61-68 69-76 77-84 85-92 93-100)
+
+# The aws-ofi-nccl plugin that POLARIS_NCCL_TUNING=1 puts on LD_LIBRARY_PATH (ALCF's Polaris guide; it moves
+# with Polaris' software: `ls /soft/libraries/aws-ofi-nccl` there, and set POLARIS_OFI_NCCL_DIR).
+sdl_polaris_ofi_dir() { echo "${POLARIS_OFI_NCCL_DIR:-/soft/libraries/aws-ofi-nccl/v1.9.1-aws/lib}"; }
+
+# A 0/1 setting: NAME is 0 or 1 (DEFAULT when unset or empty), else one error line.
+sdl_is_switch() {
+  local value=${!1:-$2}
+  [[ "$value" == 0 || "$value" == 1 ]] || sdl_die "$1 must be 0 or 1, got '$value'"
+}
+
 sdl_machine_defaults() {
   local framework
   framework=$(sdl_example_framework "$EXAMPLE")
   case "$MACHINE" in
+    aurora)  # 2 x 52-core Xeon Max, 6 GPU Max = 12 tiles (ZE_FLAT_DEVICE_HIERARCHY=FLAT): one rank per tile
+      : "${RANKS_PER_NODE:=12}" "${DEVICE:=xpu}"
+      SDL_CPUS_PER_NODE=96  # the 12 entries x 8 cores of the binding list (cores 0 and 52 left to the system)
+      SDL_DEFAULT_SETUP='module load frameworks' ;;
+    sophia)  # DGX A100 (ThetaGPU's nodes): 8 GPUs, 2 x 64 cores; a by-gpu job gets some of the GPUs
+      local gpus=8
+      if [[ -n "${CUDA_VISIBLE_DEVICES:-}" ]]; then gpus=$(tr ',' '\n' <<< "$CUDA_VISIBLE_DEVICES" | grep -c .); fi
+      : "${RANKS_PER_NODE:=$gpus}" "${DEVICE:=cuda}"
+      SDL_CPUS_PER_NODE=$((16 * gpus))  # 16 cores per GPU: a by-gpu job shares its node
+      SDL_DEFAULT_SETUP='module use /soft/modulefiles; module load conda; conda activate base' ;;
     theta)  # KNL: 64 cores x 4 hardware threads; aprun -j 2 uses 2 of them, so 128 CPUs to share
       : "${RANKS_PER_NODE:=4}" "${DEVICE:=cpu}"
       SDL_CPUS_PER_NODE=128
@@ -104,17 +158,29 @@ sdl_machine_defaults() {
       : "${RANKS_PER_NODE:=$NRANKS}"
       SDL_CPUS_PER_NODE=$(nproc)
       SDL_DEFAULT_SETUP="" ;;
-    *) sdl_die "unknown MACHINE '$MACHINE' (theta, thetagpu, polaris, slurm, local)" ;;
+    *) sdl_die "unknown MACHINE '$MACHINE' (aurora, sophia, polaris, theta, thetagpu, slurm, local)" ;;
   esac
   sdl_is_count "$RANKS_PER_NODE" || sdl_die "RANKS_PER_NODE must be a positive integer, got '$RANKS_PER_NODE'"
   SDL_DEPTH=$((SDL_CPUS_PER_NODE / RANKS_PER_NODE))
   ((SDL_DEPTH >= 1)) || SDL_DEPTH=1
+  case "$MACHINE" in
+    aurora)
+      ((RANKS_PER_NODE <= ${#SDL_AURORA_CPU_LIST[@]})) ||
+        sdl_die "RANKS_PER_NODE on Aurora is at most ${#SDL_AURORA_CPU_LIST[@]} (one rank per GPU tile), got $RANKS_PER_NODE"
+      SDL_DEPTH=8  # each rank keeps its 8 cores of the list, however many ranks share the node
+      sdl_is_switch AURORA_CCL 1 ;;
+    polaris)
+      sdl_is_switch POLARIS_NCCL_TUNING 0
+      if [[ "${POLARIS_NCCL_TUNING:-0}" == 1 && "${DRY_RUN:-0}" != 1 && ! -d "$(sdl_polaris_ofi_dir)" ]]; then
+        sdl_die "POLARIS_NCCL_TUNING=1: no aws-ofi-nccl plugin in $(sdl_polaris_ofi_dir) (set POLARIS_OFI_NCCL_DIR to its lib directory, or leave the tuning off)"
+      fi ;;
+  esac
   : "${THREADS_PER_RANK:=$SDL_DEPTH}"
   sdl_is_count "$THREADS_PER_RANK" || sdl_die "THREADS_PER_RANK must be a positive integer, got '$THREADS_PER_RANK'"
 }
 
 # --- environment -----------------------------------------------------------------------------------------
-# On ALCF machines the frameworks and Cray MPICH / Open MPI come from the modules; the laptop .venv (PyPI
+# On ALCF machines the frameworks and the MPI (Aurora's and Polaris' MPICH, Sophia's Open MPI) come from the modules; the laptop .venv (PyPI
 # torch builds + the PyPI mpich wheel) would shadow them and break multi-node MPI. Refuse it loudly.
 sdl_refuse_laptop_venv() {
   local what path
@@ -132,8 +198,8 @@ sdl_refuse_laptop_venv() {
 sdl_setup_env() {
   local setup=${ENV_SETUP:-$SDL_DEFAULT_SETUP}
   if [[ "$MACHINE" == local ]]; then
-    if [[ -z "${SCALING_DL_FORCE_VENV:-}" ]] && { [[ -d /soft/modulefiles ]] || [[ -d /lus/eagle ]] || [[ -d /lus/theta-fs0 ]]; }; then
-      sdl_die "this looks like an ALCF machine: use submissions/polaris (or theta, thetagpu), not submissions/local"
+    if [[ -z "${SCALING_DL_FORCE_VENV:-}" ]] && { [[ -d /soft/modulefiles ]] || [[ -d /lus/eagle ]] || [[ -d /lus/flare ]] || [[ -d /lus/theta-fs0 ]]; }; then
+      sdl_die "this looks like an ALCF machine: use submissions/aurora, polaris or sophia, not submissions/local"
     fi
     local venv=${VENV:-$REPO_DIR/.venv}
     [[ -x "$venv/bin/python" ]] && export PATH="$venv/bin:$PATH"
@@ -171,6 +237,20 @@ sdl_fresh_dir() {
 }
 
 # --- launching -------------------------------------------------------------------------------------------
+sdl_first_host() { grep -m 1 '[^[:space:]]' "$1" | tr -d '[:space:]'; }
+
+# NAME=DEFAULT -> NAME=<the environment's NAME if set, else DEFAULT>: an exported value wins.
+sdl_env_default() {
+  local name=${1%%=*}
+  echo "$name=${!name:-${1#*=}}"
+}
+
+# Aurora's --cpu-bind for PPN ranks per node: the first PPN entries of the list.
+sdl_aurora_cpu_bind() {
+  local IFS=:
+  echo "list:${SDL_AURORA_CPU_LIST[*]:0:$1}"
+}
+
 # Fills SDL_CMD with the machine's launcher for n ranks (SDL_PPN per node on SDL_NODES nodes).
 sdl_launcher() {
   local n=$1 name value
@@ -179,17 +259,47 @@ sdl_launcher() {
     theta)
       SDL_CMD=(aprun -n "$n" -N "$SDL_PPN" -d "$SDL_DEPTH" -j 2 -cc depth
                -e "OMP_NUM_THREADS=$THREADS_PER_RANK" -e KMP_BLOCKTIME=0) ;;
-    thetagpu)
-      SDL_CMD=(mpirun -np "$n" -npernode "$SDL_PPN" --hostfile "$COBALT_NODEFILE")
+    thetagpu | sophia)
+      if [[ "$MACHINE" == sophia ]]; then
+        # rank 0 runs on the first host of the hostfile: the ranks meet there
+        export MASTER_ADDR=${MASTER_ADDR:-$(sdl_first_host "$PBS_NODEFILE")}
+        SDL_CMD=(mpirun -n "$n" -N "$SDL_PPN" --hostfile "$PBS_NODEFILE")
+      else
+        SDL_CMD=(mpirun -np "$n" -npernode "$SDL_PPN" --hostfile "$COBALT_NODEFILE")
+      fi
       export OMP_NUM_THREADS=$THREADS_PER_RANK
       # Open MPI does not forward the environment by itself: name what the ranks need.
       for name in PATH LD_LIBRARY_PATH PYTHONPATH OMP_NUM_THREADS MASTER_ADDR MASTER_PORT CONDA_PREFIX; do
         value=${!name:-}
         [[ -n "$value" ]] && SDL_CMD+=(-x "$name")
       done ;;
+    aurora)
+      # Cray PALS mpiexec passes the environment on; --env adds what the ranks need besides (in the plan).
+      SDL_CMD=(mpiexec -n "$n" --ppn "$SDL_PPN" --cpu-bind "${CPU_BIND:-$(sdl_aurora_cpu_bind "$SDL_PPN")}"
+               --env "OMP_NUM_THREADS=$THREADS_PER_RANK"
+               --env "ZE_FLAT_DEVICE_HIERARCHY=${ZE_FLAT_DEVICE_HIERARCHY:-FLAT}"
+               --env "MASTER_ADDR=${MASTER_ADDR:-$(sdl_first_host "$PBS_NODEFILE")}")
+      if [[ "${AURORA_CCL:-1}" == 1 ]]; then  # oneCCL under xccl, as ALCF's PyTorch guide sets it
+        for name in CCL_PROCESS_LAUNCHER=pmix CCL_ATL_TRANSPORT=mpi CCL_KVS_MODE=mpi FI_MR_CACHE_MONITOR=userfaultfd; do
+          SDL_CMD+=(--env "$(sdl_env_default "$name")")
+        done
+        ((SDL_NODES == 1)) || SDL_CMD+=(--env "$(sdl_env_default CCL_KVS_CONNECTION_TIMEOUT=300)")
+      fi ;;
     polaris)
-      SDL_CMD=(mpiexec -n "$n" --ppn "$SDL_PPN" --depth "$SDL_DEPTH" --cpu-bind depth
-               --env "OMP_NUM_THREADS=$THREADS_PER_RANK" bash "$SDL_COMMON" gpu-affinity) ;;
+      if [[ "${CPU_BIND:-depth}" == depth ]]; then
+        SDL_CMD=(mpiexec -n "$n" --ppn "$SDL_PPN" --depth "$SDL_DEPTH" --cpu-bind depth)
+      else
+        SDL_CMD=(mpiexec -n "$n" --ppn "$SDL_PPN" --cpu-bind "$CPU_BIND")
+      fi
+      SDL_CMD+=(--env "OMP_NUM_THREADS=$THREADS_PER_RANK")
+      if [[ "${POLARIS_NCCL_TUNING:-0}" == 1 ]]; then  # ALCF's Polaris guide: NCCL over libfabric
+        SDL_CMD+=(--env NCCL_NET_GDR_LEVEL=PHB --env NCCL_CROSS_NIC=1 --env NCCL_COLLNET_ENABLE=1
+                  --env "NCCL_NET=AWS Libfabric"
+                  --env "LD_LIBRARY_PATH=$(sdl_polaris_ofi_dir)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+                  --env FI_CXI_DISABLE_HOST_REGISTER=1 --env FI_MR_CACHE_MONITOR=userfaultfd
+                  --env FI_CXI_DEFAULT_CQ_SIZE=131072)
+      fi
+      SDL_CMD+=(bash "$SDL_COMMON" gpu-affinity) ;;
     slurm)
       SDL_CMD=(srun -N "$SDL_NODES" -n "$n" --ntasks-per-node "$SDL_PPN" --cpus-per-task "$SDL_DEPTH"
                --cpu-bind=cores)
@@ -222,7 +332,7 @@ sdl_run() {
   # The same threads per rank at every rank count, so that a sweep compares like with like.
   SDL_CMD+=("$REPO_DIR/$script" --device "$DEVICE" --num-threads "$THREADS_PER_RANK" --log-dir "$dir" "$@")
   sdl_say "$EXAMPLE on $MACHINE: $n rank(s) = $SDL_NODES node(s) x $SDL_PPN, log dir $dir"
-  sdl_say "run: ${SDL_CMD[*]}"
+  sdl_say "run: $(sdl_show "${SDL_CMD[@]}")"
   if [[ "${DRY_RUN:-0}" == 1 ]]; then return 0; fi
   mkdir -p "$dir"
   set +e
@@ -260,6 +370,20 @@ if base is None:
 EOF
 }
 
+# What a machine cannot run, as one error line with the way that works there; and the retired machines.
+sdl_check_supported() {
+  case "$MACHINE:$EXAMPLE" in
+    aurora:horovod-pytorch)
+      sdl_die "Horovod for PyTorch is no longer in Aurora's frameworks module (ALCF's PyTorch guide, 2026): on Aurora use DDP, submissions/aurora/ddp.sh (xccl backend)" ;;
+    aurora:horovod-tensorflow)
+      sdl_die "the Horovod TensorFlow example has no Intel GPU path (--device xpu stops in utils/tf_utils.py): on Aurora use DDP, submissions/aurora/ddp.sh (xccl backend)" ;;
+  esac
+  case "$MACHINE" in
+    theta) sdl_warn "Theta was retired on 2023-12-31 (no jobs after 23:59): this script is kept as the Cobalt/aprun reference; run on Aurora or Polaris (submissions/aurora, submissions/polaris)" ;;
+    thetagpu) sdl_warn "ThetaGPU was retired on 2023-12-31 (no jobs after 23:59): its DGX A100 nodes run on as Sophia under PBS (submissions/sophia); this script is kept as the Cobalt/Open MPI reference" ;;
+  esac
+}
+
 # Common start of sdl_main and sdl_sweep: check the example, set defaults, set up the environment.
 sdl_prepare() {
   set -euo pipefail
@@ -268,6 +392,7 @@ sdl_prepare() {
   local script
   script=$(sdl_example_script "$EXAMPLE") ||
     sdl_die "EXAMPLE must be one of: ${SDL_EXAMPLES[*]}; got '$EXAMPLE'"
+  sdl_check_supported
   if [[ ! -f "$REPO_DIR/$script" ]]; then
     [[ "${DRY_RUN:-0}" == 1 ]] || sdl_die "$REPO_DIR/$script does not exist"
     echo "warning: $REPO_DIR/$script does not exist (yet)" >&2

@@ -8,14 +8,16 @@
 #PBS -A YOUR_PROJECT
 #PBS -j oe
 # PyTorch DDP (DDP/main.py)
-# on Polaris (PBS Pro, 4 A100 per node, Cray MPICH/PALS mpiexec + GPU-affinity wrapper).
+# on Polaris (PBS Pro, 4 A100 per node, Cray MPICH/PALS mpiexec + GPU-affinity wrapper); written from
+# ALCF's Polaris guide as read on 2026-11-25, not yet run there.
 # ranks = nodes in $PBS_NODEFILE x RANKS_PER_NODE (4, one per GPU).
 # Output: runs/polaris/ddp/<job id>.n<ranks>/ (config.json, metrics.jsonl, summary.json, output.log).
 #
 #   qsub -A <project> submissions/polaris/ddp.sh
 #   qsub -A <project> -l select=2:system=polaris -v TRAIN_ARGS="--epochs 8" submissions/polaris/ddp.sh
 #   bash submissions/polaris/ddp.sh --epochs 8      # inside an interactive job (qsub -I ...)
-# Environment variables that change the run (TRAIN_ARGS, RANKS_PER_NODE, ENV_SETUP, DRY_RUN=1, ...):
+# Environment variables that change the run (TRAIN_ARGS, RANKS_PER_NODE, ENV_SETUP, CPU_BIND,
+# POLARIS_NCCL_TUNING=1, DRY_RUN=1, ...):
 # see submissions/README.md and the top of submissions/common.sh.
 
 MACHINE=polaris

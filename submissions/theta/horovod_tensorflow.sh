@@ -6,7 +6,9 @@
 #COBALT -O horovod_tensorflow.$jobid
 #COBALT --attrs mcdram=cache:numa=quad:filesystems=home,theta-fs0
 # Horovod + TensorFlow (horovod/tensorflow/main.py)
-# on Theta (Cobalt, KNL CPUs, aprun; Theta was retired at the end of 2023: kept as the workshop's Cobalt/aprun reference).
+# on Theta (Cobalt, KNL CPUs, aprun).
+# RETIRED: Theta stopped running jobs at 23:59 on 2023-12-31. Kept as the workshop's Cobalt/aprun reference
+# (it warns when run); today run on Aurora or Polaris: submissions/aurora, submissions/polaris.
 # ranks = $COBALT_JOBSIZE nodes x RANKS_PER_NODE (4), each with 128/4 = 32 hardware threads (aprun -d 32 -j 2).
 # Output: runs/theta/horovod-tensorflow/<job id>.n<ranks>/ (config.json, metrics.jsonl, summary.json, output.log).
 #

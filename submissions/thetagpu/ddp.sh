@@ -6,7 +6,9 @@
 #COBALT -O ddp.$jobid
 #COBALT --attrs filesystems=home,theta-fs0
 # PyTorch DDP (DDP/main.py)
-# on ThetaGPU (Cobalt, 8 A100 per node, Open MPI mpirun; retired at the end of 2023: kept as the workshop's reference).
+# on ThetaGPU (Cobalt, 8 A100 per node, Open MPI mpirun).
+# RETIRED: ThetaGPU stopped running jobs at 23:59 on 2023-12-31; its DGX A100 nodes run on as Sophia under
+# PBS: submissions/sophia. Kept as the workshop's Cobalt/Open MPI reference (it warns when run).
 # ranks = nodes in $COBALT_NODEFILE x RANKS_PER_NODE (8, one per GPU).
 # Output: runs/thetagpu/ddp/<job id>.n<ranks>/ (config.json, metrics.jsonl, summary.json, output.log).
 #
