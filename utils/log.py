@@ -26,7 +26,8 @@ def info(message):
     """Print on rank 0 (or on every rank with --log-all-ranks, prefixed by its global and local rank)."""
     if _RANK == 0 or _ALL_RANKS:
         # One write per line (print() writes text and newline apart): lines from ranks sharing a pipe stay whole.
-        sys.stdout.write((_PREFIX if _ALL_RANKS else "") + message + "\n")
+        prefix = _PREFIX if _ALL_RANKS else ""
+        sys.stdout.write("".join(prefix + line for line in (message + "\n").splitlines(True)))
         sys.stdout.flush()
 
 
