@@ -303,6 +303,12 @@ sdl_launcher() {
     slurm)
       SDL_CMD=(srun -N "$SDL_NODES" -n "$n" --ntasks-per-node "$SDL_PPN" --cpus-per-task "$SDL_DEPTH"
                --cpu-bind=cores)
+      # Rank 0 runs on the allocation's first node: every rank meets there (without a PMI, srun's ranks are
+      # separate 1-rank MPI worlds and could not agree on an address among themselves).
+      if [[ -z "${MASTER_ADDR:-}" && -n "${SLURM_JOB_NODELIST:-}" ]] && command -v scontrol >/dev/null; then
+        MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+        export MASTER_ADDR
+      fi
       export OMP_NUM_THREADS=$THREADS_PER_RANK ;;
     local)
       case "${LAUNCHER:-mpiexec}:$EXAMPLE" in

@@ -13,7 +13,7 @@ LAUNCHER_VARS = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "TORCHE
                  "PALS_LOCAL_SIZE", "PMI_SIZE", "PMI_RANK", "PMI_LOCAL_RANK", "PMI_LOCAL_SIZE", "MPI_LOCALRANKID",
                  "MPI_LOCALNRANKS", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
                  "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
-                 "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "ALPS_APP_PE", "LOCAL_SIZE", "COURSE_LAUNCHER"]
+                 "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "ALPS_APP_PE", "LOCAL_SIZE", "COURSE_LAUNCHER", "SLURM_STEP_ID"]
 
 CASES = {
     "torchrun": ({"RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4",
@@ -29,6 +29,12 @@ CASES = {
                   "OMPI_COMM_WORLD_LOCAL_SIZE": "8"}, (9, 1, 16, 8, "mpirun (Open MPI)")),
     "slurm": ({"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1", "SLURM_TASKS_PER_NODE": "4(x2)"},
               (5, 1, 8, 4, "srun")),
+    # srun --mpi=pmi2 adds PMI_RANK/PMI_SIZE without a local rank: Slurm's own numbers must win (2 nodes x 1 rank)
+    "slurm-pmi2": ({"SLURM_STEP_ID": "0", "SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0",
+                    "SLURM_NTASKS_PER_NODE": "1", "PMI_RANK": "1", "PMI_SIZE": "2"}, (1, 0, 2, 1, "srun")),
+    # mpiexec (Hydra) inside a Slurm job step: Hydra's numbers
+    "hydra-in-slurm": ({"SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_NTASKS": "1", "PMI_RANK": "3",
+                        "PMI_SIZE": "4", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2"}, (3, 1, 4, 2, "mpiexec")),
     "aprun": ({"ALPS_APP_PE": "3", "PMI_SIZE": "4", "PMI_LOCAL_SIZE": "4", "PMI_LOCAL_RANK": "3"},
               (3, 3, 4, 4, "aprun")),
     "single": ({}, (0, 0, 1, 1, "python")),

@@ -88,6 +88,10 @@ def discover():
     if "OMPI_COMM_WORLD_RANK" in env:
         return DistEnv(_int("OMPI_COMM_WORLD_RANK"), _int("OMPI_COMM_WORLD_LOCAL_RANK", 0),
                        _int("OMPI_COMM_WORLD_SIZE"), _int("OMPI_COMM_WORLD_LOCAL_SIZE", 1), "mpirun (Open MPI)")
+    if "SLURM_STEP_ID" in env and "SLURM_PROCID" in env and "MPI_LOCALRANKID" not in env:
+        # srun (with or without --mpi=pmi2, which adds PMI_RANK/PMI_SIZE but no local rank): Slurm's numbers.
+        return DistEnv(_int("SLURM_PROCID"), _int("SLURM_LOCALID", 0), _int("SLURM_NTASKS"),
+                       _slurm_local_size(), "srun")
     if "PMI_RANK" in env and "PMI_SIZE" in env:
         size = _int("PMI_SIZE")
         return DistEnv(_int("PMI_RANK"), _int("MPI_LOCALRANKID", _int("PMI_LOCAL_RANK", 0)), size,
