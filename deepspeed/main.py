@@ -97,7 +97,7 @@ def main():
     # [2] Pin this rank to one device: accelerator number = local rank. On CPUs: its share of the cores.
     env.device = course.pick_device(args.device, env.local_rank)
     if env.device != "cpu":
-        get_accelerator().set_device(env.local_rank)
+        get_accelerator().set_device(torch.device(env.device).index)  # DeepSpeed's layer: cuda, xpu, ...
     else:  # deepspeed_shm_comm serves tensor-parallel *inference* only: skip its JIT build (a minute or more)
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     env.num_threads = course.threads_per_rank(args.num_threads, env.local_world_size)

@@ -17,7 +17,7 @@
 #                    running-jobs page; polaris: depth, 8 cores per rank; e.g. list:0,1:8,9:16,17:24,25)
 #   AURORA_CCL=0     aurora: leave out the oneCCL/libfabric settings of ALCF's PyTorch guide (README, Aurora)
 #   POLARIS_NCCL_TUNING=1  polaris: add the NCCL/libfabric settings of ALCF's guide (README, Polaris), with
-#                    the aws-ofi-nccl plugin from POLARIS_OFI_NCCL_DIR
+#                    the aws-ofi-nccl plugin from POLARIS_OFI_NCCL_DIR and the hwloc it needs (POLARIS_HWLOC_DIR)
 #   ENV_SETUP        shell code that sets up Python + frameworks + MPI instead of the machine's default
 #                    (ENV_SETUP=: when the current shell is already set up)
 #   PYTHON           the Python that runs main.py (default: `python` after ENV_SETUP; the .venv's on `local`)
@@ -269,7 +269,8 @@ sdl_launcher() {
       fi
       export OMP_NUM_THREADS=$THREADS_PER_RANK
       # Open MPI does not forward the environment by itself: name what the ranks need.
-      for name in PATH LD_LIBRARY_PATH PYTHONPATH OMP_NUM_THREADS MASTER_ADDR MASTER_PORT CONDA_PREFIX; do
+      for name in PATH LD_LIBRARY_PATH PYTHONPATH OMP_NUM_THREADS MASTER_ADDR MASTER_PORT CONDA_PREFIX \
+                  COURSE_VERBOSE TF_CPP_MIN_LOG_LEVEL; do
         value=${!name:-}
         [[ -n "$value" ]] && SDL_CMD+=(-x "$name")
       done ;;
@@ -295,7 +296,7 @@ sdl_launcher() {
       if [[ "${POLARIS_NCCL_TUNING:-0}" == 1 ]]; then  # ALCF's Polaris guide: NCCL over libfabric
         SDL_CMD+=(--env NCCL_NET_GDR_LEVEL=PHB --env NCCL_CROSS_NIC=1 --env NCCL_COLLNET_ENABLE=1
                   --env "NCCL_NET=AWS Libfabric"
-                  --env "LD_LIBRARY_PATH=$(sdl_polaris_ofi_dir)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+                  --env "LD_LIBRARY_PATH=$(sdl_polaris_ofi_dir):${POLARIS_HWLOC_DIR:-/soft/libraries/hwloc/lib}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
                   --env FI_CXI_DISABLE_HOST_REGISTER=1 --env FI_MR_CACHE_MONITOR=userfaultfd
                   --env FI_CXI_DEFAULT_CQ_SIZE=131072)
       fi
@@ -306,7 +307,7 @@ sdl_launcher() {
       # Rank 0 runs on the allocation's first node: every rank meets there (without a PMI, srun's ranks are
       # separate 1-rank MPI worlds and could not agree on an address among themselves).
       if [[ -z "${MASTER_ADDR:-}" && -n "${SLURM_JOB_NODELIST:-}" ]] && command -v scontrol >/dev/null; then
-        MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+        MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | awk 'NR == 1')
         export MASTER_ADDR
       fi
       export OMP_NUM_THREADS=$THREADS_PER_RANK ;;

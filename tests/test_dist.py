@@ -65,3 +65,18 @@ def test_threads_split_the_cores(monkeypatch):
     assert dist.threads_per_rank(3, 4) == 3
     monkeypatch.setattr(dist.os, "sched_getaffinity", lambda pid: {0, 1, 2})  # bound by the launcher
     assert dist.threads_per_rank(None, 4) == 3
+
+
+def test_srun_ranks_meet_at_the_steps_first_node(monkeypatch):
+    # srun without a PMI gives every rank an MPI world of one: the address must come from Slurm itself
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    monkeypatch.setenv("SLURM_STEP_NODELIST", "nid[001-002]")
+    calls = []
+
+    def scontrol(cmd, **kwargs):
+        calls.append(cmd)
+        return dist.subprocess.CompletedProcess(cmd, 0, "nid001\nnid002\n", "")
+    monkeypatch.setattr(dist.subprocess, "run", scontrol)
+    env = dist.DistEnv(rank=1, world_size=2, local_world_size=1, launcher="srun")
+    assert dist.master_address(env)[0] == "nid001"
+    assert calls == [["scontrol", "show", "hostnames", "nid[001-002]"]]

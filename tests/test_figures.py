@@ -172,7 +172,7 @@ def test_readme_commands_name_real_flags():
     targets = set(re.findall(r"^([a-z-]+):", (ROOT / "Makefile").read_text(), re.M))
     checked = 0
     for line in readme_commands():
-        for command in re.split(r";|&&", line):
+        for command in re.split(r";|&&|&", line):
             words = shlex.split(command.replace("<", "").replace(">", ""))
             if not words:
                 continue

@@ -604,7 +604,7 @@ def test_polaris_nccl_tuning_only_when_asked(tmp_path):
     (words,) = launches(check(result).stdout)
     passed = passed_env(words)
     assert {k: passed.get(k) for k in POLARIS_NCCL} == POLARIS_NCCL, passed
-    assert passed["LD_LIBRARY_PATH"] == "/soft/libraries/aws-ofi-nccl/v1.9.1-aws/lib:/opt/x/lib"
+    assert passed["LD_LIBRARY_PATH"] == "/soft/libraries/aws-ofi-nccl/v1.9.1-aws/lib:/soft/libraries/hwloc/lib:/opt/x/lib"
     assert words.index("gpu-affinity") > max(i for i, w in enumerate(words) if w == "--env")
 
     result, _ = dry_run("polaris", "ddp", tmp_path, 1, POLARIS_NCCL_TUNING="on")

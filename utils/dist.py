@@ -22,6 +22,7 @@ the one place that knows launchers.
 import datetime
 import os
 import socket
+import subprocess
 import sys
 from dataclasses import dataclass, asdict
 from pathlib import Path
@@ -143,12 +144,25 @@ def threads_per_rank(requested, local_world_size):
     return max(1, allowed if bound else allowed // max(1, local_world_size))
 
 
+def _slurm_first_host():
+    """The first host of this Slurm step (where srun puts rank 0), or None without Slurm's scontrol."""
+    nodes = os.environ.get("SLURM_STEP_NODELIST") or os.environ.get("SLURM_JOB_NODELIST")
+    try:
+        out = subprocess.run(["scontrol", "show", "hostnames", nodes], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError, TypeError):
+        return None
+    hosts = out.stdout.split() if out.returncode == 0 else []
+    return hosts[0] if hosts else None
+
+
 def master_address(env):
     """MASTER_ADDR/PORT: the environment's if set; loopback when every rank is on this host; else rank 0's host."""
     addr = os.environ.get("MASTER_ADDR")
     if not addr:
         if env.local_world_size >= env.world_size:
             addr = LOOPBACK
+        elif env.launcher == "srun" and (first := _slurm_first_host()):
+            addr = first  # rank 0 runs on the step's first node (no MPI needed)
         elif env.launcher.startswith(("mpiexec", "mpirun", "aprun", "srun")):
             addr = _mpi_bcast(socket.gethostname())
         else:

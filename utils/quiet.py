@@ -95,7 +95,9 @@ class QuietTensorFlowImport(importlib.abc.MetaPathFinder):
         if name != "tensorflow":
             return None
         for finder in sys.meta_path:  # TensorFlow's own spec, from the finders after this one
-            spec = None if finder is self else getattr(finder, "find_spec", lambda *a: None)(name, path, target)
+            if isinstance(finder, QuietTensorFlowImport):  # this one (or a second copy of it)
+                continue
+            spec = getattr(finder, "find_spec", lambda *a: None)(name, path, target)
             if spec is not None:
                 break
         else:
@@ -164,6 +166,7 @@ def filtered_stderr(pattern):
             os.close(saved)
             proc.stdin.close()
             # Its lines come out before ours; a child process that kept the pipe open only delays its exit.
+            # (after that it is left to finish on its own: killing it would break the child's stderr)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=10)
 

@@ -1,11 +1,8 @@
 """TensorFlow pieces shared by the Horovod-TensorFlow examples (model, tf.data shards, threads, checksum)."""
 import hashlib
-import os
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up banner hides the lesson's output
-
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import numpy as np
+import tensorflow as tf  # (utils/quiet.py, imported with utils, keeps its start-up banner out)
 
 from utils.data import normalized  # noqa: E402
 from utils.log import UserError  # noqa: E402
