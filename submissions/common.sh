@@ -302,8 +302,9 @@ sdl_launcher() {
       fi
       SDL_CMD+=(bash "$SDL_COMMON" gpu-affinity) ;;
     slurm)
+      # --kill-on-bad-exit: a rank that fails ends the step at once (Slurm's default lets the others wait on it)
       SDL_CMD=(srun -N "$SDL_NODES" -n "$n" --ntasks-per-node "$SDL_PPN" --cpus-per-task "$SDL_DEPTH"
-               --cpu-bind=cores)
+               --cpu-bind=cores --kill-on-bad-exit=1)
       # Rank 0 runs on the allocation's first node: every rank meets there (without a PMI, srun's ranks are
       # separate 1-rank MPI worlds and could not agree on an address among themselves).
       if [[ -z "${MASTER_ADDR:-}" && -n "${SLURM_JOB_NODELIST:-}" ]] && command -v scontrol >/dev/null; then

@@ -114,7 +114,8 @@ def wait(env, job_id, timeout=400):
             return fields
         if time.monotonic() > deadline:
             run(["scancel", job_id], env=env, timeout=30)
-            pytest.fail(f"job {job_id} not finished after {timeout}s: {result.stdout}{result.stderr}")
+            out = Path(fields["StdOut"]).read_text()[-4000:] if Path(fields.get("StdOut", "-")).is_file() else ""
+            pytest.fail(f"job {job_id} not finished after {timeout}s: {result.stdout}{result.stderr}\n--- output\n{out}")
         time.sleep(1)
 
 
