@@ -89,7 +89,6 @@ import torch.utils.cpp_extension  # with CUDA_HOME set and no GPU, torch notes i
 """
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU-only notes appear only without a GPU")
 def test_filters_drop_only_their_lines(tmp_path):
     env = {"CUDA_HOME": str(tmp_path)}
     quiet = "\n".join(lines(check(run([sys.executable, "-c", UNIT, free_port()], env=env, timeout=120))))
@@ -98,6 +97,8 @@ def test_filters_drop_only_their_lines(tmp_path):
     dropped = ["`torch.distributed.all_gather_into_tensor` is deprecated",
                "`torch.distributed.reduce_scatter_tensor` is deprecated", ACCELERATOR_NOTE,
                f"No CUDA runtime is found, using CUDA_HOME='{tmp_path}'"]
+    if torch.cuda.is_available():  # the two notes about a missing GPU are not printed where there is one
+        dropped = dropped[:2]
     kept = ["FutureWarning: `torch.distributed.something_else` is deprecated", "a DeepSpeed warning of its own"]
     for text in dropped:
         assert text not in quiet and text in loud, (text, quiet, loud)
