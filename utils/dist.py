@@ -191,13 +191,17 @@ def horovod_knobs(on_cpu, dist_timeout=None):
     return {name: os.environ.get(name, "Horovod's default") for name in HOROVOD_CPU_KNOBS}
 
 
+# The vendor collective libraries and the one device kind each connects.
+GPU_BACKENDS = {"nccl": "cuda", "xccl": "xpu"}
+
+
 def pick_backend(requested, device):
     """The torch.distributed backend: --backend, or for `auto` the vendor's library between GPUs (xccl on
     Intel, nccl on NVIDIA) and gloo between CPUs. An impossible pairing is one line, exit 2."""
     import torch.distributed as dist
     kind = device.split(":")[0]
-    backend = requested if requested != "auto" else {"xpu": "xccl", "cuda": "nccl"}.get(kind, "gloo")
-    wants = {"nccl": "cuda", "xccl": "xpu"}.get(backend)
+    backend = requested if requested != "auto" else {d: b for b, d in GPU_BACKENDS.items()}.get(kind, "gloo")
+    wants = GPU_BACKENDS.get(backend)
     if wants and kind != wants:
         fail(f"--backend {backend} connects {wants} devices and this rank's device is {device}; "
              "use --backend auto")

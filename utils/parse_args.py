@@ -9,6 +9,8 @@ import json
 import os
 import sys
 
+from utils.dist import GPU_BACKENDS
+
 
 def positive_int(text):
     value = int(text)
@@ -136,10 +138,6 @@ def clip_flag(parser):
         help="before each step, rescale the averaged gradient so its global L2 norm is at most MAX_NORM "
              "(with warmup it rescues the linearly scaled LR at 128 emulated workers: README, the LR lesson)")
     return parser
-
-
-# The vendor collective libraries and the one device each connects.
-GPU_BACKENDS = {"nccl": "cuda", "xccl": "xpu"}
 
 
 def parse(parser, argv=None):
