@@ -15,7 +15,10 @@ from itertools import islice
 from pathlib import Path
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # the repo root *after* site-packages
-import utils  # noqa: E402  (before the frameworks: a missing one is then one line that says how to get it)
+# Before the frameworks: a missing one is then one line that says how to get it, and the libraries'
+# lines that teach nothing are filtered (utils/quiet.py names each; COURSE_VERBOSE=1 shows them).
+import utils  # noqa: E402
+utils.course_output()
 
 import torch
 import torch.distributed as dist
@@ -94,7 +97,7 @@ def main():
         dist.init_process_group(env.backend, rank=env.rank, world_size=env.world_size,
                                 timeout=timedelta(seconds=args.dist_timeout),  # a dead peer ends the job
                                 store=course.restart_store(env))  # (None, except after a torchrun restart)
-    log.configure(env.rank, args.log_all_ranks)
+    log.configure(env.rank, env.local_rank, args.log_all_ranks)
     log_dir = args.log_dir or course.broadcast_object(log.default_log_dir("ddp"))  # rank 0's time stamp
     run = log.RunLog(log_dir, env.is_main)
     log.info(f"{FRAMEWORK}: {env.world_size} rank(s) via {env.launcher}, device {env.device}, "

@@ -18,7 +18,10 @@ from itertools import islice
 from pathlib import Path
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # the repo root *after* site-packages
-import utils  # noqa: E402  (before the frameworks: a missing one is then one line that says how to get it)
+# Before the frameworks: a missing one is then one line that says how to get it, and the libraries'
+# lines that teach nothing are filtered (utils/quiet.py names each; COURSE_VERBOSE=1 shows them).
+import utils  # noqa: E402
+utils.course_output()
 
 import deepspeed  # the installed library: this folder has no __init__.py and the repo root goes last
 import torch
@@ -107,7 +110,7 @@ def main():
     course.group_timeout(timedelta(seconds=args.dist_timeout))  # also for the groups DeepSpeed makes itself
     deepspeed.init_distributed(env.backend, auto_mpi_discovery=False, verbose=False,
                                timeout=timedelta(seconds=args.dist_timeout))
-    log.configure(env.rank, args.log_all_ranks)
+    log.configure(env.rank, env.local_rank, args.log_all_ranks)
     log_dir = args.log_dir or course.broadcast_object(log.default_log_dir("deepspeed"))  # rank 0's time stamp
     run = log.RunLog(log_dir, env.is_main)
     config = ds_config.load(args, env.world_size, DEFAULT_CONFIG)  # the JSON file + flags, checked (one line)

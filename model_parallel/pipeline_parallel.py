@@ -17,6 +17,12 @@ from datetime import timedelta
 from itertools import islice
 from pathlib import Path
 
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # the repo root *after* site-packages
+# Before the frameworks: a missing one is then one line that says how to get it, and the libraries'
+# lines that teach nothing are filtered (utils/quiet.py names each; COURSE_VERBOSE=1 shows them).
+import utils  # noqa: E402
+utils.course_output()
+
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -25,7 +31,6 @@ from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-sys.path.append(str(Path(__file__).resolve().parents[1]))  # the repo root *after* site-packages
 from model_parallel import common  # noqa: E402  (the MLP, and the counters behind summary.json)
 from utils import data, log  # noqa: E402
 from utils import dist as course  # noqa: E402
@@ -132,7 +137,7 @@ def main():
         env.backend = course.pick_backend(args.backend, env.device)
         dist.init_process_group(env.backend, rank=env.rank, world_size=env.world_size,
                                 timeout=timedelta(seconds=args.dist_timeout), store=course.restart_store(env))
-    log.configure(env.rank, args.log_all_ranks)
+    log.configure(env.rank, env.local_rank, args.log_all_ranks)
     log_dir = args.log_dir or course.broadcast_object(log.default_log_dir("pipeline-parallel"))
     run = log.RunLog(log_dir, env.is_main)
     log.info(f"{FRAMEWORK}: {stages} stage(s) via {env.launcher}, {args.schedule}, {k} micro-batches of "

@@ -16,6 +16,12 @@ from datetime import timedelta
 from itertools import islice
 from pathlib import Path
 
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # the repo root *after* site-packages
+# Before the frameworks: a missing one is then one line that says how to get it, and the libraries'
+# lines that teach nothing are filtered (utils/quiet.py names each; COURSE_VERBOSE=1 shows them).
+import utils  # noqa: E402
+utils.course_output()
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -25,7 +31,6 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-sys.path.append(str(Path(__file__).resolve().parents[1]))  # the repo root *after* site-packages
 from model_parallel import common  # noqa: E402  (the MLP, and the counters behind summary.json)
 from utils import data, log  # noqa: E402
 from utils import dist as course  # noqa: E402
@@ -116,7 +121,7 @@ def main():
                                 timeout=timedelta(seconds=args.dist_timeout), store=course.restart_store(env))
         mesh = init_device_mesh(env.device.split(":")[0], (args.dp, tp), mesh_dim_names=("dp", "tp"))
     dp_rank = mesh.get_local_rank("dp") if mesh else 0
-    log.configure(env.rank, args.log_all_ranks)
+    log.configure(env.rank, env.local_rank, args.log_all_ranks)
     log_dir = args.log_dir or course.broadcast_object(log.default_log_dir("tensor-parallel"))
     run = log.RunLog(log_dir, env.is_main)
     log.info(f"{FRAMEWORK}: {env.world_size} rank(s) via {env.launcher} = {args.dp} dp x {tp} tp, "

@@ -19,6 +19,7 @@ from conftest import ROOT, check, error_lines, metrics, mpiexec, run, summary, t
 
 sys.path.append(str(ROOT))
 from utils import dist as course  # noqa: E402
+from utils.tools import launch  # noqa: E402
 
 DDP, HVD_TORCH, HVD_TF, DS = "DDP/main.py", "horovod/pytorch/main.py", "horovod/tensorflow/main.py", "deepspeed/main.py"
 TP, PP = "model_parallel/tensor_parallel.py", "model_parallel/pipeline_parallel.py"
@@ -143,7 +144,7 @@ def same_training(one_node, two_nodes):
 def test_ddp_on_two_simulated_nodes_numbers_ranks_globally_and_equals_one_node(tmp_path):
     flags = [*SHORT, "--log-all-ranks"]
     check(run(torchrun(4, DDP, *flags, "--log-dir", tmp_path / "one"), timeout=240))
-    nodes = run_together(course.simulated_nodes(DDP, 2, 2, "torchrun", [*flags, "--log-dir", tmp_path / "two"]),
+    nodes = run_together(launch.simulated_nodes(DDP, 2, 2, "torchrun", [*flags, "--log-dir", tmp_path / "two"]),
                          timeout=240)
     assert [code for code, _, _ in nodes] == [0, 0], [err[-2000:] for _, _, err in nodes]
     # Each node's launcher starts local ranks 0 and 1; the rendezvous gives one node global ranks 0-1, the other 2-3.
@@ -164,7 +165,7 @@ def test_every_pytorch_example_on_two_simulated_nodes_equals_one_node(tmp_path, 
     one = mpiexec(2, script, *flags, "--log-dir", tmp_path / "one") if launcher == "mpiexec" else \
         torchrun(2, script, *flags, "--log-dir", tmp_path / "one")
     check(run(one, timeout=300))
-    nodes = run_together(course.simulated_nodes(script, 2, 1, launcher, [*flags, "--log-dir", tmp_path / "two"]),
+    nodes = run_together(launch.simulated_nodes(script, 2, 1, launcher, [*flags, "--log-dir", tmp_path / "two"]),
                          timeout=300)
     assert all(code == 0 for code, _, _ in nodes), [err[-2000:] for _, _, err in nodes]
     every = "".join(out for _, out, _ in nodes)
@@ -175,7 +176,7 @@ def test_every_pytorch_example_on_two_simulated_nodes_equals_one_node(tmp_path, 
 
 def test_simulated_nodes_refuses_a_launcher_that_cannot_do_it():
     with pytest.raises(ValueError, match="torchrun or mpiexec"):
-        course.simulated_nodes(DDP, 2, 1, "horovodrun")
+        launch.simulated_nodes(DDP, 2, 1, "horovodrun")
 
 
 def test_horovod_built_without_pytorch_is_one_line_that_names_ddp(tmp_path):

@@ -35,8 +35,6 @@ CASES = {
     # mpiexec (Hydra) inside a Slurm job step: Hydra's numbers
     "hydra-in-slurm": ({"SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_NTASKS": "1", "PMI_RANK": "3",
                         "PMI_SIZE": "4", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2"}, (3, 1, 4, 2, "mpiexec")),
-    "aprun": ({"ALPS_APP_PE": "3", "PMI_SIZE": "4", "PMI_LOCAL_SIZE": "4", "PMI_LOCAL_RANK": "3"},
-              (3, 3, 4, 4, "aprun")),
     "single": ({}, (0, 0, 1, 1, "python")),
 }
 

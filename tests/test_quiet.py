@@ -75,7 +75,8 @@ def test_horovodrun_mpi_keeps_lines_whole(tmp_path):
 UNIT = """
 import logging, os, sys, warnings
 sys.path.append(os.getcwd())
-import utils  # noqa: F401
+import utils
+utils.course_output()
 import torch, torch.distributed as dist
 dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[1], rank=0, world_size=1)
 x = torch.ones(2)

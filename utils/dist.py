@@ -9,15 +9,13 @@ torchrun / deepspeed            RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE
 horovodrun (gloo)               HOROVOD_RANK, HOROVOD_LOCAL_RANK, HOROVOD_SIZE, HOROVOD_LOCAL_SIZE
 Cray PALS (Polaris mpiexec)     PALS_RANKID, PALS_LOCAL_RANKID, PMI_SIZE, PALS_LOCAL_SIZE/PMI_LOCAL_SIZE
 MPICH Hydra (laptop mpiexec)    PMI_RANK, PMI_SIZE, MPI_LOCALRANKID, MPI_LOCALNRANKS
-Open MPI (ThetaGPU mpirun)      OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE
+Open MPI (Sophia mpirun)        OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE
 Slurm (srun)                    SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE
-aprun (Theta)                   ALPS_APP_PE, PMI_SIZE
 (none of these)                 mpi4py if an MPI launcher is suspected, else a single process
 ==============================  ====================================================================
 
-and, the other way round, ``launch_command()`` builds the command that starts an example on N ranks of this
-host with one of those launchers. The course's tools and tests start every run through it, so this module is
-the one place that knows launchers.
+The other way round (the command that starts an example under each launcher) is the tools' side:
+utils/tools/launch.py.
 """
 import datetime
 import os
@@ -27,7 +25,7 @@ import sys
 from dataclasses import dataclass, asdict
 from pathlib import Path
 
-from utils.log import fail
+from utils.errors import fail
 
 LOOPBACK = "127.0.0.1"
 
@@ -100,15 +98,7 @@ def discover():
     if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
         return DistEnv(_int("SLURM_PROCID"), _int("SLURM_LOCALID", 0), _int("SLURM_NTASKS"),
                        _slurm_local_size(), "srun")
-    if "ALPS_APP_PE" in env:
-        size = _int("PMI_SIZE") or _mpi_size()
-        return DistEnv(_int("ALPS_APP_PE"), _int("PMI_LOCAL_RANK", 0), size, _int("PMI_LOCAL_SIZE", 1), "aprun")
     return DistEnv()
-
-
-def _mpi_size():
-    from mpi4py import MPI
-    return MPI.COMM_WORLD.Get_size()
 
 
 def _mpi_bcast(value):
@@ -163,7 +153,7 @@ def master_address(env):
             addr = LOOPBACK
         elif env.launcher == "srun" and (first := _slurm_first_host()):
             addr = first  # rank 0 runs on the step's first node (no MPI needed)
-        elif env.launcher.startswith(("mpiexec", "mpirun", "aprun", "srun")):
+        elif env.launcher.startswith(("mpiexec", "mpirun", "srun")):
             addr = _mpi_bcast(socket.gethostname())
         else:
             fail("ranks span several hosts: set MASTER_ADDR to rank 0's host name")
@@ -211,6 +201,13 @@ def pick_backend(requested, device):
     if backend == "gloo" and kind == "xpu":
         fail("--backend gloo cannot move xpu tensors; use --backend xccl (or auto)")
     return backend
+
+
+def free_port():
+    """A TCP port on loopback that nobody listens on right now (a private rendezvous for one process)."""
+    with socket.socket() as s:
+        s.bind((LOOPBACK, 0))
+        return s.getsockname()[1]
 
 
 def export_rendezvous(env):
@@ -302,97 +299,10 @@ def shutdown():
         import torch.distributed as tdist
         tdist.barrier()
         # Groups a library created (DeepSpeed's data-parallel groups) go first, one at a time, while the default
-        # group can still line the ranks up; then the default group, after one more barrier. (A 2-rank DeepSpeed
-        # run of `make bench` once ended in that abort on rank 1 when all groups were torn down at once.)
+        # group can still line the ranks up; then the default group, after one more barrier: torn down all at
+        # once, a peer still inside a collective of one of them can abort.
         world = tdist.group.WORLD
         for group in [g for g in list(tdist.distributed_c10d._world.pg_map) if g is not world]:
             tdist.destroy_process_group(group)
         tdist.barrier()
         tdist.destroy_process_group()
-
-
-# --- starting examples: the one place the course's tools and tests get their launch commands ---------------
-ROOT = Path(__file__).resolve().parents[1]
-EXAMPLES = {  # name: script, relative to the repository root
-    "ddp": "DDP/main.py",
-    "horovod-pytorch": "horovod/pytorch/main.py",
-    "horovod-tensorflow": "horovod/tensorflow/main.py",
-    "horovod-keras": "horovod/tensorflow/keras_main.py",
-    "deepspeed": "deepspeed/main.py",
-    "zero": "zero/main.py",
-    "tensor-parallel": "model_parallel/tensor_parallel.py",
-    "pipeline-parallel": "model_parallel/pipeline_parallel.py",
-}
-LAUNCHERS = ("python", "torchrun", "mpiexec", "horovodrun", "horovodrun-mpi", "deepspeed")
-
-
-def free_port():
-    """A TCP port on loopback that nobody listens on right now (for a launcher's rendezvous)."""
-    with socket.socket() as s:
-        s.bind((LOOPBACK, 0))
-        return s.getsockname()[1]
-
-
-def script_path(example):
-    """An EXAMPLES name or a path (relative to the repository root, or absolute) -> absolute path."""
-    return ROOT / EXAMPLES.get(str(example), example)
-
-
-def launch_command(example, nproc=1, launcher="torchrun", args=(), *, port=None, wrapper=None, bin_dir=None,
-                   python=None, launcher_flags=()):
-    """The command (a list of strings) that runs `example` on `nproc` ranks of this host under `launcher`.
-
-    example: an EXAMPLES name or a script path; args: the example's own flags; port: the rendezvous port
-    (default: a free one); wrapper: a script that runs in front of the example in every rank (it gets the
-    example's path as its first argument: utils/tools/phases.py); bin_dir: where the launchers are (default:
-    beside this Python, i.e. the venv's bin); launcher_flags: extra flags for the launcher itself.
-    """
-    if launcher not in LAUNCHERS:
-        raise ValueError(f"unknown launcher {launcher!r}: one of {', '.join(LAUNCHERS)}")
-    python = str(python or sys.executable)
-    bin_dir = Path(bin_dir or Path(sys.executable).parent)
-    port = str(port or free_port())
-    program = [str(wrapper), str(script_path(example))] if wrapper else [str(script_path(example))]
-    tail = [*map(str, args)]
-    if launcher == "python":
-        if nproc != 1:
-            raise ValueError("launcher 'python' starts one process")
-        return [python, *program, *tail]
-    if launcher == "torchrun":
-        return [str(bin_dir / "torchrun"), "--nproc_per_node", str(nproc), "--master_addr", LOOPBACK,
-                "--master_port", port, *launcher_flags, *program, *tail]
-    if launcher == "mpiexec":  # MPICH's Hydra: -env passes MASTER_PORT to every rank
-        return [str(bin_dir / "mpiexec"), "-n", str(nproc), "-env", "MASTER_PORT", port, *launcher_flags,
-                python, *program, *tail]
-    if launcher in ("horovodrun", "horovodrun-mpi"):
-        controller = "--gloo" if launcher == "horovodrun" else "--mpi"
-        return [str(bin_dir / "horovodrun"), "-np", str(nproc), controller, *launcher_flags, python, *program,
-                *tail]
-    # deepspeed: on CPUs --num_gpus is the process count (without it, one process)
-    return [str(bin_dir / "deepspeed"), "--num_gpus", str(nproc), "--master_port", port, *launcher_flags,
-            *program, *tail]
-
-
-def simulated_nodes(example, nnodes, nproc_per_node, launcher="torchrun", args=(), *, port=None, bin_dir=None,
-                    python=None):
-    """Commands that run `example` as `nnodes` nodes of `nproc_per_node` ranks, all on this host: a multi-node
-    launch rehearsed on one machine. Start every command at once; together they make one job.
-
-    torchrun: one launcher per "node" (as on a cluster: one per host), meeting at a c10d rendezvous on loopback;
-    local ranks restart at 0 on each node, global ranks do not. mpiexec (MPICH's Hydra): one launch over
-    `nnodes` host entries that all name this machine, its proxies forked instead of started over ssh.
-    """
-    python = str(python or sys.executable)
-    bin_dir = Path(bin_dir or Path(sys.executable).parent)
-    port = str(port or free_port())
-    program, tail = [str(script_path(example))], [*map(str, args)]
-    if launcher == "torchrun":
-        node = [str(bin_dir / "torchrun"), "--nnodes", str(nnodes), "--nproc_per_node", str(nproc_per_node),
-                "--rdzv_backend", "c10d", "--rdzv_endpoint", f"{LOOPBACK}:{port}", "--rdzv_id", "simulated",
-                *program, *tail]
-        return [node] * nnodes  # the same command on every node: the rendezvous numbers the nodes
-    if launcher == "mpiexec":
-        hosts = ",".join(f"127.0.0.{i + 1}" for i in range(nnodes))
-        return [[str(bin_dir / "mpiexec"), "-launcher", "fork", "-hosts", hosts, "-ppn", str(nproc_per_node),
-                 "-n", str(nnodes * nproc_per_node), "-env", "MASTER_PORT", port, python, *program, *tail]]
-    raise ValueError(f"simulated nodes are started by torchrun or mpiexec, not {launcher!r}")

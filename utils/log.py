@@ -9,17 +9,18 @@ import sys
 import tempfile
 import time
 
+from utils.errors import UserError, fail  # noqa: F401  (the lessons' log.fail, log.UserError)
+
 _RANK = 0
 _ALL_RANKS = False
 _PREFIX = ""
 
 
-def configure(rank, log_all_ranks=False):
+def configure(rank, local_rank=0, log_all_ranks=False):
+    """Who prints: rank 0, or with --log-all-ranks every rank, prefixed by its global and local rank."""
     global _RANK, _ALL_RANKS, _PREFIX
     _RANK, _ALL_RANKS = rank, log_all_ranks
-    if log_all_ranks:  # where each rank runs: global rank, and its local rank on its node (from the launcher)
-        from utils.dist import discover
-        _PREFIX = f"[rank {rank}, local {discover().local_rank}] "
+    _PREFIX = f"[rank {rank}, local {local_rank}] " if log_all_ranks else ""
 
 
 def info(message):
@@ -29,10 +30,6 @@ def info(message):
         prefix = _PREFIX if _ALL_RANKS else ""
         sys.stdout.write("".join(prefix + line for line in (message + "\n").splitlines(True)))
         sys.stdout.flush()
-
-
-class UserError(Exception):
-    """A problem with the user's input or files (not a bug): reported as one line, exit code 2."""
 
 
 # What the frameworks raise on a rank whose peer died or stopped answering: torch.distributed's Dist*Error
@@ -60,15 +57,6 @@ def run_main(main):
         lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
         detail = next((line for line in lines if any(text in line for text in PEER_ERROR_TEXTS)), lines[0])[:240]
         fail(f"lost contact with another rank (it died, or hung past the collective timeout): {detail}", code=1)
-
-
-def fail(message, code=2):
-    """One clear line on stderr and a non-zero exit: for bad input, on every rank, instead of a traceback."""
-    # One write of the whole line (print() writes the text and the newline separately): lines from several
-    # ranks sharing one stderr pipe (mpiexec) then never interleave.
-    sys.stderr.write(f"error: {message}\n")
-    sys.stderr.flush()
-    sys.exit(code)
 
 
 def default_log_dir(script_name):

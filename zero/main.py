@@ -20,7 +20,10 @@ from itertools import islice
 from pathlib import Path
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # the repo root *after* site-packages
-import utils  # noqa: E402,F401  (before the frameworks: a missing one is one line; quiets library noise)
+# Before the frameworks: a missing one is then one line that says how to get it, and the libraries'
+# lines that teach nothing are filtered (utils/quiet.py names each; COURSE_VERBOSE=1 shows them).
+import utils  # noqa: E402
+utils.course_output()
 
 import deepspeed  # noqa: E402  (the installed library: the repo root is last on sys.path)
 import torch

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # after site-packages: zero/ shadows nothing
-from utils.dist import launch_command  # noqa: E402
+from utils.tools.launch import launch_command  # noqa: E402
 from utils.log import fail, run_main  # noqa: E402
 from zero.census import KINDS, NAMES, mb  # noqa: E402
 from zero.main import VARIANTS, check, model_flags  # noqa: E402

@@ -13,7 +13,10 @@ from itertools import islice
 from pathlib import Path
 
 sys.path.append(str(Path(__file__).resolve().parents[2]))  # the repo root *after* site-packages
-import utils  # noqa: E402  (before the frameworks: a missing one is then one line that says how to get it)
+# Before the frameworks: a missing one is then one line that says how to get it, and the libraries'
+# lines that teach nothing are filtered (utils/quiet.py names each; COURSE_VERBOSE=1 shows them).
+import utils  # noqa: E402
+utils.course_output()
 
 import horovod.torch as hvd
 import torch
@@ -103,7 +106,7 @@ def main():
         torch.cuda.set_device(env.device)
     env.num_threads = course.threads_per_rank(args.num_threads, hvd.local_size())
     torch.set_num_threads(env.num_threads)
-    log.configure(env.rank, args.log_all_ranks)
+    log.configure(env.rank, env.local_rank, args.log_all_ranks)
     if args.use_adasum and not hvd.mpi_enabled():
         raise log.UserError("--use-adasum needs the MPI controller (mpiexec, horovodrun --mpi): gloo has no Adasum")
     log_dir = args.log_dir or hvd.broadcast_object(log.default_log_dir("horovod-pytorch"), root_rank=0)

@@ -16,7 +16,10 @@ from pathlib import Path
 
 os.environ["TF_USE_LEGACY_KERAS"] = "1"  # must precede the first TensorFlow import
 sys.path.append(str(Path(__file__).resolve().parents[2]))  # the repo root *after* site-packages
-import utils  # noqa: E402  (before the frameworks: a missing one is then one line that says how to get it)
+# Before the frameworks: a missing one is then one line that says how to get it, and the libraries'
+# lines that teach nothing are filtered (utils/quiet.py names each; COURSE_VERBOSE=1 shows them).
+import utils  # noqa: E402
+utils.course_output()
 
 from utils import data, log  # noqa: E402
 from utils import dist as course  # noqa: E402  (which variables each launcher sets; Horovod's CPU knobs)
@@ -80,7 +83,7 @@ def main():
                          backend="horovod-" + ("mpi" if hvd.mpi_enabled() else "gloo"))
     env.num_threads = course.threads_per_rank(args.num_threads, hvd.local_size())
     env.device = configure_tf(args.device, hvd.local_rank(), env.num_threads)  # [2] one GPU per process
-    log.configure(env.rank, args.log_all_ranks)
+    log.configure(env.rank, env.local_rank, args.log_all_ranks)
     log_dir = args.log_dir or hvd_tf.broadcast_object(log.default_log_dir("horovod-keras"), root_rank=0)
     run = log.RunLog(log_dir, env.is_main)
     log.info(f"{FRAMEWORK}: {env.world_size} rank(s) via {env.launcher}, device {env.device}, "

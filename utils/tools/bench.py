@@ -10,7 +10,7 @@ rank (run unchanged under utils/tools/phases.py) against a bare loop of the same
 (utils/tools/bare_loop.py), `--pairs` pairs of processes, the two of a pair taking turns every `--part-steps`
 steps (the speed drifts over seconds), one ratio per pair; TensorFlow: samples/s of two runs one after the
 other per pair (bench_overhead.py).
-Every example runs as a program, started through utils.dist.launch_command; no tool imports a lesson.
+Every example runs as a program, started through utils.tools.launch.launch_command; no tool imports a lesson.
 
 Epoch 1 of every run is warm-up (graph tracing, allocator, connections) and excluded; a run's throughput is
 the median over its remaining epochs. The whole set is repeated `--repeat` times, interleaved (round 1 runs

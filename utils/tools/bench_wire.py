@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """The bench's two measurements of communication apart from the examples, each run as its own 2-rank program
-(through utils.dist.launch_command):
+(through utils.tools.launch.launch_command):
 
     torchrun --nproc_per_node 2 utils/tools/bench_wire.py breakdown --steps 80 --batch-size 64
     mpiexec -n 2 python utils/tools/bench_wire.py allreduce mpi4py --reps 50     (torch-gloo | horovod | mpi4py)

@@ -7,7 +7,10 @@ import sys
 from pathlib import Path
 
 sys.path.append(str(Path(__file__).resolve().parents[2]))  # the repo root, after site-packages
-import utils  # noqa: E402,F401  (before the frameworks: their start-up noise filtered, utils/quiet.py)
+# Before the frameworks: a missing one is then one line that says how to get it, and the libraries'
+# lines that teach nothing are filtered (utils/quiet.py names each; COURSE_VERBOSE=1 shows them).
+import utils  # noqa: E402
+utils.course_output()
 
 FIX_SETUP = "run `make setup`"
 rows = []  # (component, status, details, fix or None); status "ok", "MISSING", or "info"/"absent" (not needed)

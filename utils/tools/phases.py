@@ -142,7 +142,7 @@ def patch(timer, framework):
 
 
 def framework_of(script):
-    from utils.dist import script_path
+    from utils.tools.launch import script_path
     path = Path(script).resolve()
     for name, framework in PYTORCH_EXAMPLES.items():
         if script_path(name).resolve() == path:

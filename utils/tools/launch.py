@@ -1,0 +1,86 @@
+"""Starting examples: the one place the course's tools and tests get their launch commands.
+
+The lessons never import this: they only *read* what a launcher set (utils/dist.py, discover()). This module
+writes the other side, the command that starts an example on N ranks of this host with one of those launchers.
+"""
+import sys
+from pathlib import Path
+
+from utils.dist import LOOPBACK, free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _read_examples():
+    rows = (line.split("\t") for line in (ROOT / "utils" / "tools" / "examples.tsv").read_text().splitlines()
+            if line.strip() and not line.startswith("#"))
+    return {name.strip(): script.strip() for name, script in rows}
+
+
+EXAMPLES = _read_examples()  # name: script, relative to the repository root (utils/tools/examples.tsv)
+LAUNCHERS = ("python", "torchrun", "mpiexec", "horovodrun", "horovodrun-mpi", "deepspeed")
+
+
+def script_path(example):
+    """An EXAMPLES name or a path (relative to the repository root, or absolute) -> absolute path."""
+    return ROOT / EXAMPLES.get(str(example), example)
+
+
+def launch_command(example, nproc=1, launcher="torchrun", args=(), *, port=None, wrapper=None, bin_dir=None,
+                   python=None, launcher_flags=()):
+    """The command (a list of strings) that runs `example` on `nproc` ranks of this host under `launcher`.
+
+    example: an EXAMPLES name or a script path; args: the example's own flags; port: the rendezvous port
+    (default: a free one); wrapper: a script that runs in front of the example in every rank (it gets the
+    example's path as its first argument: utils/tools/phases.py); bin_dir: where the launchers are (default:
+    beside this Python, i.e. the venv's bin); launcher_flags: extra flags for the launcher itself.
+    """
+    if launcher not in LAUNCHERS:
+        raise ValueError(f"unknown launcher {launcher!r}: one of {', '.join(LAUNCHERS)}")
+    python = str(python or sys.executable)
+    bin_dir = Path(bin_dir or Path(sys.executable).parent)
+    port = str(port or free_port())
+    program = [str(wrapper), str(script_path(example))] if wrapper else [str(script_path(example))]
+    tail = [*map(str, args)]
+    if launcher == "python":
+        if nproc != 1:
+            raise ValueError("launcher 'python' starts one process")
+        return [python, *program, *tail]
+    if launcher == "torchrun":
+        return [str(bin_dir / "torchrun"), "--nproc_per_node", str(nproc), "--master_addr", LOOPBACK,
+                "--master_port", port, *launcher_flags, *program, *tail]
+    if launcher == "mpiexec":  # MPICH's Hydra: -env passes MASTER_PORT to every rank
+        return [str(bin_dir / "mpiexec"), "-n", str(nproc), "-env", "MASTER_PORT", port, *launcher_flags,
+                python, *program, *tail]
+    if launcher in ("horovodrun", "horovodrun-mpi"):
+        controller = "--gloo" if launcher == "horovodrun" else "--mpi"
+        return [str(bin_dir / "horovodrun"), "-np", str(nproc), controller, *launcher_flags, python, *program,
+                *tail]
+    # deepspeed: on CPUs --num_gpus is the process count (without it, one process)
+    return [str(bin_dir / "deepspeed"), "--num_gpus", str(nproc), "--master_port", port, *launcher_flags,
+            *program, *tail]
+
+
+def simulated_nodes(example, nnodes, nproc_per_node, launcher="torchrun", args=(), *, port=None, bin_dir=None,
+                    python=None):
+    """Commands that run `example` as `nnodes` nodes of `nproc_per_node` ranks, all on this host: a multi-node
+    launch rehearsed on one machine. Start every command at once; together they make one job.
+
+    torchrun: one launcher per "node" (as on a cluster: one per host), meeting at a c10d rendezvous on loopback;
+    local ranks restart at 0 on each node, global ranks do not. mpiexec (MPICH's Hydra): one launch over
+    `nnodes` host entries that all name this machine, its proxies forked instead of started over ssh.
+    """
+    python = str(python or sys.executable)
+    bin_dir = Path(bin_dir or Path(sys.executable).parent)
+    port = str(port or free_port())
+    program, tail = [str(script_path(example))], [*map(str, args)]
+    if launcher == "torchrun":
+        node = [str(bin_dir / "torchrun"), "--nnodes", str(nnodes), "--nproc_per_node", str(nproc_per_node),
+                "--rdzv_backend", "c10d", "--rdzv_endpoint", f"{LOOPBACK}:{port}", "--rdzv_id", "simulated",
+                *program, *tail]
+        return [node] * nnodes  # the same command on every node: the rendezvous numbers the nodes
+    if launcher == "mpiexec":
+        hosts = ",".join(f"127.0.0.{i + 1}" for i in range(nnodes))
+        return [[str(bin_dir / "mpiexec"), "-launcher", "fork", "-hosts", hosts, "-ppn", str(nproc_per_node),
+                 "-n", str(nnodes * nproc_per_node), "-env", "MASTER_PORT", port, python, *program, *tail]]
+    raise ValueError(f"simulated nodes are started by torchrun or mpiexec, not {launcher!r}")
