@@ -22,8 +22,9 @@ help:
 setup:
 	@bash utils/tools/setup_env.sh
 
-doctor: setup
-	@$(PY) utils/tools/doctor.py
+# No setup first: the check says what is missing (and that `make setup` builds it), it does not build it.
+doctor:
+	@if [ -x $(PY) ]; then $(PY) utils/tools/doctor.py; else python3 utils/tools/doctor.py; fi
 
 demo: setup
 	@$(PY) utils/tools/demo.py
