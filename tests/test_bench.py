@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, check, python, run
+from support import ROOT, check, python, run
 
 sys.path.append(str(ROOT / "utils" / "tools"))  # the tools import each other by name, as when run as programs
 import bench  # noqa: E402

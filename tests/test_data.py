@@ -5,7 +5,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import ROOT
+from support import ROOT
 
 sys.path.append(str(ROOT))
 from utils import data  # noqa: E402

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from conftest import check, error_lines, metrics, mpiexec, python, run, summary, torchrun
+from support import check, error_lines, metrics, mpiexec, python, run, summary, torchrun
 
 SCRIPT = "DDP/main.py"
 QUICK = ["--epochs", "2", "--max-steps", "8", "--log-interval", "4"]

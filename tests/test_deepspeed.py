@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from conftest import ROOT, check, deepspeed_launcher, error_lines, metrics, mpiexec, python, run, summary, torchrun
+from support import ROOT, check, deepspeed_launcher, error_lines, metrics, mpiexec, python, run, summary, torchrun
 
 SCRIPT = "deepspeed/main.py"
 QUICK = ["--epochs", "2", "--max-steps", "8", "--log-interval", "4"]

@@ -15,7 +15,7 @@ import types
 import pytest
 import torch
 
-from conftest import ROOT, check, error_lines, metrics, mpiexec, run, summary, torchrun
+from support import ROOT, check, error_lines, metrics, mpiexec, run, summary, torchrun
 
 sys.path.append(str(ROOT))
 from utils import dist as course  # noqa: E402

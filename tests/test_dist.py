@@ -3,7 +3,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from support import ROOT
 
 sys.path.append(str(ROOT))
 from utils import dist  # noqa: E402

@@ -22,7 +22,7 @@ import psutil
 import pytest
 import torch
 
-from conftest import BIN, ROOT, deepspeed_launcher, error_lines, horovodrun, launch_command, metrics, mpiexec, python, run, summary, torchrun
+from support import BIN, ROOT, deepspeed_launcher, error_lines, horovodrun, launch_command, metrics, mpiexec, python, run, summary, torchrun
 
 sys.path.append(str(ROOT))
 from utils import data  # noqa: E402

@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from conftest import ROOT, check, metrics, python, run, torchrun
+from support import ROOT, check, metrics, python, run, torchrun
 
 sys.path.append(str(ROOT / "utils" / "tools"))  # the tools import each other by name, as when run as programs
 import figures  # noqa: E402

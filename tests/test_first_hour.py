@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from conftest import check, run, torchrun
+from support import check, run, torchrun
 
 LESSONS = ["DDP/main.py", "horovod/pytorch/main.py", "horovod/tensorflow/main.py",
            "horovod/tensorflow/keras_main.py", "deepspeed/main.py"]

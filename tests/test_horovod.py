@@ -4,7 +4,7 @@ import json
 import pytest
 import torch
 
-from conftest import check, error_lines, horovodrun, metrics, mpiexec, python, run, summary
+from support import check, error_lines, horovodrun, metrics, mpiexec, python, run, summary
 
 TORCH = "horovod/pytorch/main.py"
 TF = "horovod/tensorflow/main.py"

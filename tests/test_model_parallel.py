@@ -3,7 +3,7 @@ the same arithmetic on the unsplit model (the lessons' own --save-model files: t
 import pytest
 import torch
 
-from conftest import check, error_lines, metrics, python, run, summary, torchrun
+from support import check, error_lines, metrics, python, run, summary, torchrun
 
 TP = "model_parallel/tensor_parallel.py"
 PP = "model_parallel/pipeline_parallel.py"

@@ -9,7 +9,7 @@ import time
 
 import pytest
 import torch
-from conftest import BIN, ROOT, check, horovodrun, python, run, torchrun
+from support import BIN, ROOT, check, horovodrun, python, run, torchrun
 
 from utils.dist import free_port
 

@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from conftest import ROOT
+from support import ROOT
 
 # The recipe (README.md, "The recipe"): the same number means the same step in every lesson.
 STEPS = {1: "start the process group / runtime", 2: "pin the device to the local rank",

@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from support import ROOT
 
 PROBE = "import horovod.torch, deepspeed; print('AT', horovod.torch.__file__); print('AT', deepspeed.__file__)"
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BIN, ROOT, check, free_port, metrics, run, summary
+from support import BIN, ROOT, check, free_port, metrics, run, summary
 
 CLUSTER = ROOT / "utils" / "tools" / "slurm_cluster.sh"
 SLURM = ROOT / "submissions" / "slurm"

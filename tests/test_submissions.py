@@ -24,7 +24,7 @@ import sys
 
 import pytest
 
-from conftest import BIN, ROOT, check, free_port, metrics, run
+from support import BIN, ROOT, check, free_port, metrics, run
 
 SUB = ROOT / "submissions"
 MACHINES = ["aurora", "sophia", "polaris", "theta", "thetagpu", "slurm", "local"]

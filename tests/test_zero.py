@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, check, error_lines, python, run, torchrun
+from support import ROOT, check, error_lines, python, run, torchrun
 
 sys.path.append(str(ROOT))  # after site-packages (see tests/test_shadowing.py)
 from zero.census import formula  # noqa: E402

@@ -1,0 +1,79 @@
+"""Helpers for tests that launch real processes through real launchers, always with a timeout (imported by the
+test modules as `support`; pytest puts this folder on sys.path)."""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent  # the venv's bin: torchrun, mpiexec, horovodrun, deepspeed
+sys.path.append(str(ROOT))  # after site-packages: `import horovod` stays the library
+from utils.dist import free_port  # noqa: E402
+from utils.tools.launch import launch_command  # noqa: E402  (the one module that knows launchers)
+
+
+def run(cmd, timeout=300, env=None, cwd=ROOT):
+    """Run `cmd` in its own process group; on timeout kill the whole group and fail (a hang is a failure)."""
+    full_env = dict(os.environ, PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2", PATH=f"{BIN}:{os.environ.get('PATH', '')}")
+    full_env.update(env or {})
+    if any(name.startswith("COURSE_") for name in env or {}):  # test-only fault injection (tests/hooks/faults.py)
+        full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "tests" / "hooks"),
+                                                                 full_env.get("PYTHONPATH")]))
+    proc = subprocess.Popen([str(c) for c in cmd], cwd=cwd, env=full_env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"timed out after {timeout}s: {' '.join(map(str, cmd))}\n--- stdout\n{out[-3000:]}\n"
+                    f"--- stderr\n{err[-3000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def check(result):
+    """Assert exit 0, showing the output's tail when not."""
+    assert result.returncode == 0, (f"exit {result.returncode}: {' '.join(map(str, result.args))}\n"
+                                    f"--- stdout\n{result.stdout[-4000:]}\n--- stderr\n{result.stderr[-4000:]}")
+    return result
+
+
+def metrics(log_dir):
+    with open(Path(log_dir) / "metrics.jsonl") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def summary(log_dir):
+    with open(Path(log_dir) / "summary.json") as f:
+        return json.load(f)
+
+
+def torchrun(nproc, script, *args):
+    return launch_command(script, nproc, "torchrun", args)
+
+
+def mpiexec(nproc, script, *args):
+    return launch_command(script, nproc, "mpiexec", args)
+
+
+def python(script, *args):
+    return launch_command(script, 1, "python", args)
+
+
+def deepspeed_launcher(nproc, script, *args):
+    return launch_command(script, nproc, "deepspeed", args)
+
+
+def error_lines(stderr):
+    """stderr lines that our scripts print for bad input (one per rank): `error: ...` from utils.log.fail or
+    `main.py: error: ...` from argparse, possibly behind horovodrun's `[rank]<stderr>:` prefix."""
+    return [line for line in stderr.splitlines() if re.search(r"(^|<stderr>:)(\S+\.py: )?error: ", line)]
+
+
+def horovodrun(nproc, script, *args, controller="--gloo"):
+    return launch_command(script, nproc, "horovodrun" if controller == "--gloo" else "horovodrun-mpi", args)
