@@ -52,7 +52,8 @@ example_script() {
   echo "$REPO_DIR/$script"
 }
 is_example() {
-  [[ "$1" == "$REPO_DIR"/* ]] && cut -f 2 "$EXAMPLES_TSV" | grep -qxF "${1#"$REPO_DIR"/}"
+  [[ "$1" == "$REPO_DIR"/* && -f "$EXAMPLES_TSV" ]] &&
+    cut -f 2 "$EXAMPLES_TSV" | grep -qxF "${1#"$REPO_DIR"/}"
 }
 
 nodes_in() {

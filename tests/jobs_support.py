@@ -8,6 +8,7 @@ launcher (Cray PALS `mpiexec` on Aurora and Polaris, Open MPI `mpirun` on Sophia
 options against the allocation and then starts the ranks with the venv's real MPICH `mpiexec -n N`. Training
 and MPI are real; the devices are CPUs (`--device cpu` after the script's own flags).
 """
+
 import ast
 import json
 import operator
@@ -23,10 +24,19 @@ from conftest import BIN, ROOT, free_port
 SUB = ROOT / "submissions"
 PBS = ("aurora", "polaris", "sophia")
 MACHINES = (*PBS, "slurm", "local")
-LAUNCHER = {"aurora": "mpiexec", "polaris": "mpiexec", "sophia": "mpirun", "slurm": "srun", "local": "mpiexec"}
+LAUNCHER = {
+    "aurora": "mpiexec",
+    "polaris": "mpiexec",
+    "sophia": "mpirun",
+    "slurm": "srun",
+    "local": "mpiexec",
+}
 # The examples, read from the one table of them.
-EXAMPLES = dict(line.split("\t") for line in (ROOT / "utils" / "tools" / "examples.tsv").read_text().splitlines()
-                if line and not line.startswith("#"))
+EXAMPLES = dict(
+    line.split("\t")
+    for line in (ROOT / "utils" / "tools" / "examples.tsv").read_text().splitlines()
+    if line and not line.startswith("#")
+)
 QUICK = ["--epochs", "1", "--max-steps", "3", "--device", "cpu", "--num-threads", "1"]
 
 LAUNCHER_SHIM = r'''#!{python}
@@ -119,9 +129,27 @@ def shim_dir(tmp_path):
 
 
 # Settings a developer may have exported: cleared, so that the scripts' defaults are what is tested.
-SETTINGS = ("REPO_DIR", "RUNS_DIR", "TRAIN_ARGS", "ENV_SETUP", "EXAMPLE", "DRY_RUN", "SWEEP", "SWEEP_RANKS",
-            "SWEEP_DIR", "RANKS_PER_NODE", "NRANKS", "VENV", "VIRTUAL_ENV", "POLARIS_NCCL_TUNING",
-            "POLARIS_OFI_NCCL_DIR", "MASTER_ADDR", "OMP_NUM_THREADS", "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES")
+SETTINGS = (
+    "REPO_DIR",
+    "RUNS_DIR",
+    "TRAIN_ARGS",
+    "ENV_SETUP",
+    "EXAMPLE",
+    "DRY_RUN",
+    "SWEEP",
+    "SWEEP_RANKS",
+    "SWEEP_DIR",
+    "RANKS_PER_NODE",
+    "NRANKS",
+    "VENV",
+    "VIRTUAL_ENV",
+    "POLARIS_NCCL_TUNING",
+    "POLARIS_OFI_NCCL_DIR",
+    "MASTER_ADDR",
+    "OMP_NUM_THREADS",
+    "LD_LIBRARY_PATH",
+    "CUDA_VISIBLE_DEVICES",
+)
 
 
 def scheduler_env(machine, tmp_path, nodes, job_id="4242"):
@@ -129,13 +157,26 @@ def scheduler_env(machine, tmp_path, nodes, job_id="4242"):
     nodefile = tmp_path / "nodefile"
     nodefile.write_text(f"{socket.gethostname()}\n" * nodes)
     env = dict.fromkeys(SETTINGS, "")
-    env.update(PATH=f"{shim_dir(tmp_path)}:/usr/local/bin:/usr/bin:/bin", SHIM_LOG=str(tmp_path / "shim.log"),
-               MASTER_PORT=str(free_port()), RUNS_DIR=str(tmp_path / "runs"))
+    env.update(
+        PATH=f"{shim_dir(tmp_path)}:/usr/local/bin:/usr/bin:/bin",
+        SHIM_LOG=str(tmp_path / "shim.log"),
+        MASTER_PORT=str(free_port()),
+        RUNS_DIR=str(tmp_path / "runs"),
+    )
     if machine in PBS:
-        env.update(PBS_NODEFILE=str(nodefile), PBS_JOBID=f"{job_id}.{machine}-pbs-01", PBS_O_WORKDIR=str(ROOT))
+        env.update(
+            PBS_NODEFILE=str(nodefile),
+            PBS_JOBID=f"{job_id}.{machine}-pbs-01",
+            PBS_O_WORKDIR=str(ROOT),
+        )
     elif machine == "slurm":
-        env.update(SLURM_JOB_ID=job_id, SLURM_JOB_NUM_NODES=str(nodes), SLURM_JOB_NODELIST="n[1-2]",
-                   SLURM_CPUS_ON_NODE="2", SLURM_NTASKS_PER_NODE="4")
+        env.update(
+            SLURM_JOB_ID=job_id,
+            SLURM_JOB_NUM_NODES=str(nodes),
+            SLURM_JOB_NODELIST="n[1-2]",
+            SLURM_CPUS_ON_NODE="2",
+            SLURM_NTASKS_PER_NODE="4",
+        )
     return env
 
 
@@ -175,7 +216,12 @@ def launch_text(script):
     return shlex.split(line)[1:]
 
 
-ARITHMETIC = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.floordiv}
+ARITHMETIC = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.floordiv,
+}
 
 
 def _arith(expr, values):
@@ -185,6 +231,7 @@ def _arith(expr, values):
         if isinstance(node, ast.Name):
             return int(values[node.id])
         return node.value
+
     return str(ev(ast.parse(expr, mode="eval").body))
 
 
@@ -204,7 +251,13 @@ def expected_launch(script, machine, nranks, ppn, extra=(), log_dir=None, exampl
     """The launch line `script` should print for `nranks` ranks, `ppn` per node: its own text, expanded."""
     flags = ["--log-dir", str(log_dir)] if log_dir else []
     arrays = {"${COURSE_FLAGS[@]}": flags, "$@": list(extra)}
-    values = {"NRANKS": nranks, "PPN": ppn, "REPO_DIR": ROOT, "SCRIPT": ROOT / EXAMPLES[example], **values}
+    values = {
+        "NRANKS": nranks,
+        "PPN": ppn,
+        "REPO_DIR": ROOT,
+        "SCRIPT": ROOT / EXAMPLES[example],
+        **values,
+    }
     return expand(launch_text(script), values, arrays)
 
 
@@ -217,7 +270,9 @@ def directives(script):
         if stripped.startswith(prefix + " "):
             assert not seen_command, f"{script}: {line!r} after a command: the scheduler ignores it"
             opt, *rest = stripped.split()[1:]
-            found.append(tuple(opt.split("=", 1)) if "=" in opt and opt.startswith("--") else (opt, rest[0]))
+            found.append(
+                tuple(opt.split("=", 1)) if "=" in opt and opt.startswith("--") else (opt, rest[0])
+            )
         elif stripped and not stripped.startswith("#"):
             seen_command = True
     return found
@@ -235,7 +290,7 @@ def ranks_per_node(script):
     """The script's default ranks per node: RANKS_PER_NODE=${RANKS_PER_NODE:-N} (Slurm: --ntasks-per-node)."""
     if script.parent.name == "slurm":
         return int(dict(directives(script))["--ntasks-per-node"])
-    (n,) = re.findall(r"^RANKS_PER_NODE=\$\{RANKS_PER_NODE:-(\d+)\}", script.read_text(), re.M)
+    (n,) = re.findall(r"^RANKS_PER_NODE=\$\{RANKS_PER_NODE:-(\d+)\}", script.read_text(), re.MULTILINE)
     return int(n)
 
 

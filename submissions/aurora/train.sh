@@ -56,8 +56,9 @@ step export CCL_PROCESS_LAUNCHER=pmix CCL_ATL_TRANSPORT=mpi CCL_KVS_MODE=mpi \
 if ((NNODES > 1)); then step export CCL_KVS_CONNECTION_TIMEOUT=300; fi  # many nodes start slowly
 step export MASTER_ADDR="$(head -n 1 "$PBS_NODEFILE")"
 
-# --- launch: all ranks at once (scale.sh: 1, 2, 4, ... ranks, one run each) -----------------------
-for NRANKS in $(ranks_to_run "$NRANKS"); do
+# --- launch: all ranks at once (scale.sh: one run at 1, 2, 4, ... ranks each) ---------------------
+RANKS=$(ranks_to_run "$NRANKS")  # all at once; scale.sh: 1 2 4 ...
+for NRANKS in $RANKS; do
   PPN=$((NRANKS < RANKS_PER_NODE ? NRANKS : RANKS_PER_NODE))
   new_run aurora "$NRANKS" "$PPN"  # RUN_DIR, and COURSE_FLAGS: --log-dir for the examples
   launch mpiexec -n "$NRANKS" --ppn "$PPN" --cpu-bind "$CPU_BIND" \

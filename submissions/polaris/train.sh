@@ -53,8 +53,9 @@ if [[ "${POLARIS_NCCL_TUNING:-0}" == 1 ]]; then
     FI_CXI_DISABLE_HOST_REGISTER=1 FI_MR_CACHE_MONITOR=userfaultfd FI_CXI_DEFAULT_CQ_SIZE=131072
 fi
 
-# --- launch: all ranks at once (scale.sh: 1, 2, 4, ... ranks, one run each) -----------------------
-for NRANKS in $(ranks_to_run "$NRANKS"); do
+# --- launch: all ranks at once (scale.sh: one run at 1, 2, 4, ... ranks each) ---------------------
+RANKS=$(ranks_to_run "$NRANKS")  # all at once; scale.sh: 1 2 4 ...
+for NRANKS in $RANKS; do
   PPN=$((NRANKS < RANKS_PER_NODE ? NRANKS : RANKS_PER_NODE))
   new_run polaris "$NRANKS" "$PPN"  # RUN_DIR, and COURSE_FLAGS: --log-dir for the examples
   launch mpiexec -n "$NRANKS" --ppn "$PPN" --depth "$DEPTH" --cpu-bind depth \

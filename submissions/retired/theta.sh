@@ -14,5 +14,5 @@ module load conda/2021-09-22
 NNODES=$COBALT_JOBSIZE
 RANKS_PER_NODE=4
 NRANKS=$((NNODES * RANKS_PER_NODE))
-aprun -n "$NRANKS" -N "$RANKS_PER_NODE" -d 32 -j 2 -cc depth -e OMP_NUM_THREADS=32 -e KMP_BLOCKTIME=0 \
-  python DDP/main.py --device cpu "$@"
+aprun -n "$NRANKS" -N "$RANKS_PER_NODE" -d 32 -j 2 -cc depth \
+  -e OMP_NUM_THREADS=32 -e KMP_BLOCKTIME=0 python DDP/main.py --device cpu "$@"

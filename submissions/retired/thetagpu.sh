@@ -15,5 +15,5 @@ conda activate
 NNODES=$(wc -l < "$COBALT_NODEFILE")
 RANKS_PER_NODE=8
 NRANKS=$((NNODES * RANKS_PER_NODE))
-mpirun -np "$NRANKS" -npernode "$RANKS_PER_NODE" --hostfile "$COBALT_NODEFILE" -x PATH -x LD_LIBRARY_PATH \
-  python DDP/main.py --device cuda "$@"
+mpirun -np "$NRANKS" -npernode "$RANKS_PER_NODE" --hostfile "$COBALT_NODEFILE" \
+  -x PATH -x LD_LIBRARY_PATH python DDP/main.py --device cuda "$@"

@@ -44,9 +44,10 @@ step export OMP_NUM_THREADS="$DEPTH"
 # every rank meets rank 0 on the job's first node
 step export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"
 
-# --- launch: all ranks at once (scale.sh: 1, 2, 4, ... ranks, one run each) -----------------------
+# --- launch: all ranks at once (scale.sh: one run at 1, 2, 4, ... ranks each) ---------------------
 # --kill-on-bad-exit: a rank that fails ends the step at once, instead of the others waiting for it
-for NRANKS in $(ranks_to_run "$NRANKS"); do
+RANKS=$(ranks_to_run "$NRANKS")  # all at once; scale.sh: 1 2 4 ...
+for NRANKS in $RANKS; do
   PPN=$((NRANKS < RANKS_PER_NODE ? NRANKS : RANKS_PER_NODE))
   new_run slurm "$NRANKS" "$PPN"  # RUN_DIR, and COURSE_FLAGS: --log-dir for the examples
   launch srun -N "$(((NRANKS + PPN - 1) / PPN))" -n "$NRANKS" --ntasks-per-node "$PPN" \

@@ -43,9 +43,10 @@ step export OMP_NUM_THREADS=16           # 2 x 64 cores, 16 per GPU
 step export MASTER_ADDR="$(head -n 1 "$PBS_NODEFILE")" MASTER_PORT="${MASTER_PORT:-29500}"
 step export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}"
 
-# --- launch: all ranks at once (scale.sh: 1, 2, 4, ... ranks, one run each) -----------------------
+# --- launch: all ranks at once (scale.sh: one run at 1, 2, 4, ... ranks each) ---------------------
 # Open MPI passes no environment on by itself: -x names what the ranks need.
-for NRANKS in $(ranks_to_run "$NRANKS"); do
+RANKS=$(ranks_to_run "$NRANKS")  # all at once; scale.sh: 1 2 4 ...
+for NRANKS in $RANKS; do
   PPN=$((NRANKS < RANKS_PER_NODE ? NRANKS : RANKS_PER_NODE))
   new_run sophia "$NRANKS" "$PPN"  # RUN_DIR, and COURSE_FLAGS: --log-dir for the examples
   launch mpirun -n "$NRANKS" -N "$PPN" --hostfile "$PBS_NODEFILE" -x PATH -x LD_LIBRARY_PATH \
