@@ -9,7 +9,7 @@
 #   nodes_in FILE      hosts in a node file (one a line)
 #   ranks_to_run N     N; with SWEEP=1 (scale.sh) 1 2 4 ... N, or SWEEP_RANKS
 #   new_run M N PPN    RUN_DIR=runs/M/<example>/<job id>.nN (a sweep: <example>-scale/<job id>/nN)
-#                      and COURSE_FLAGS=(--log-dir $RUN_DIR) when SCRIPT is a course example
+#                      and COURSE_FLAGS (--num-threads, --log-dir) when SCRIPT is a course example
 #   refuse_laptop_venv stop if python or mpiexec would come from the course's laptop .venv
 
 set -eo pipefail
@@ -95,7 +95,7 @@ new_run() {
   fi
   RUN_DIRS+=("$RUN_DIR")
   COURSE_FLAGS=()
-  if is_example "$SCRIPT"; then COURSE_FLAGS=(--log-dir "$RUN_DIR"); fi
+  is_example "$SCRIPT" && COURSE_FLAGS=(--num-threads "$OMP_NUM_THREADS" --log-dir "$RUN_DIR")
   RUN_WHAT="$name on $n rank(s)"
   echo "# $RUN_WHAT = $(((n + ppn - 1) / ppn)) node(s) x $ppn," \
        "${OMP_NUM_THREADS:-?} thread(s) per rank, log dir $RUN_DIR"

@@ -12,6 +12,7 @@ and MPI are real; the devices are CPUs (`--device cpu` after the script's own fl
 import ast
 import json
 import operator
+import os
 import re
 import shlex
 import shutil
@@ -247,9 +248,26 @@ def expand(words, values, arrays):
     return out
 
 
-def expected_launch(script, machine, nranks, ppn, extra=(), log_dir=None, example="ddp", **values):
-    """The launch line `script` should print for `nranks` ranks, `ppn` per node: its own text, expanded."""
-    flags = ["--log-dir", str(log_dir)] if log_dir else []
+def threads(machine, ranks_per_node, cpus=None):
+    """The threads per rank a script sets (OMP_NUM_THREADS, and --num-threads for the examples)."""
+    if machine == "local":
+        return max(1, len(os.sched_getaffinity(0)) // ranks_per_node)
+    return {"aurora": 8, "polaris": 32 // ranks_per_node, "sophia": 16}.get(machine) or max(
+        1, cpus // ranks_per_node
+    )
+
+
+def expected_launch(
+    script, machine, nranks, ppn, extra=(), log_dir=None, example="ddp", rpn=None, **values
+):
+    """The launch line `script` should print for `nranks` ranks, `ppn` per node (`rpn` ranks per node in the
+    job, default ppn): its own text, expanded."""
+    flags = [
+        "--num-threads",
+        str(threads(machine, rpn or ppn, values.get("CPUS"))),
+        "--log-dir",
+        str(log_dir),
+    ]
     arrays = {"${COURSE_FLAGS[@]}": flags, "$@": list(extra)}
     values = {
         "NRANKS": nranks,
@@ -290,7 +308,9 @@ def ranks_per_node(script):
     """The script's default ranks per node: RANKS_PER_NODE=${RANKS_PER_NODE:-N} (Slurm: --ntasks-per-node)."""
     if script.parent.name == "slurm":
         return int(dict(directives(script))["--ntasks-per-node"])
-    (n,) = re.findall(r"^RANKS_PER_NODE=\$\{RANKS_PER_NODE:-(\d+)\}", script.read_text(), re.MULTILINE)
+    (n,) = re.findall(
+        r"^RANKS_PER_NODE=\$\{RANKS_PER_NODE:-(\d+)\}", script.read_text(), re.MULTILINE
+    )
     return int(n)
 
 

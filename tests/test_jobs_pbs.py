@@ -117,6 +117,7 @@ def test_sweep_plan_runs_train_sh_at_1_2_4_ranks(tmp_path, machine):
             (),
             sweep / f"n{n}",
             "deepspeed",
+            rpn=rpn,
             **values(machine, env, rpn),
         )
         for n in points

@@ -108,7 +108,9 @@ def test_the_launch_line_is_written_as_the_guides_write_it(machine):
     }[machine]
     assert words[: len(expected_start)] == expected_start, words
     if machine == "aurora":
-        (bind,) = re.findall(r"^CPU_BIND=(\S+)", (SUB / "aurora" / "train.sh").read_text(), re.MULTILINE)
+        (bind,) = re.findall(
+            r"^CPU_BIND=(\S+)", (SUB / "aurora" / "train.sh").read_text(), re.MULTILINE
+        )
         assert bind == "list:1-8:9-16:17-24:25-32:33-40:41-48:53-60:61-68:69-76:77-84:85-92:93-100"
 
 

@@ -172,7 +172,7 @@ def test_job_script_runs_under_slurm(slurm, frameworks, tmp_path, example, nodes
     assert log_dir.name == f"{job['JobId']}.n2"
     # the launch line printed is the one written in the script, with its values (1 CPU per rank here)
     expected = expected_launch(SLURM / "train.sh", "slurm", 2, per_node, CPU_ARGS, log_dir, example,
-                               DEPTH=1)  # the CPUs Slurm gave each node: 1 per task here
+                               DEPTH=1, CPUS=per_node)  # Slurm gave each task 1 CPU
     assert launches(out, "slurm") == [expected], out
     config = json.loads((log_dir / "config.json").read_text())
     # rank 0 writes config.json: global rank 0 of 2, local rank 0 of the ranks on its node

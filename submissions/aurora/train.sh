@@ -60,7 +60,7 @@ step export MASTER_ADDR="$(head -n 1 "$PBS_NODEFILE")"
 RANKS=$(ranks_to_run "$NRANKS")  # all at once; scale.sh: 1 2 4 ...
 for NRANKS in $RANKS; do
   PPN=$((NRANKS < RANKS_PER_NODE ? NRANKS : RANKS_PER_NODE))
-  new_run aurora "$NRANKS" "$PPN"  # RUN_DIR, and COURSE_FLAGS: --log-dir for the examples
+  new_run aurora "$NRANKS" "$PPN"  # RUN_DIR; COURSE_FLAGS for the examples
   launch mpiexec -n "$NRANKS" --ppn "$PPN" --cpu-bind "$CPU_BIND" \
     python "$SCRIPT" "${COURSE_FLAGS[@]}" "$@"
 done

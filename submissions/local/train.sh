@@ -29,6 +29,6 @@ step export OMP_NUM_THREADS=$((THREADS > 0 ? THREADS : 1))
 # --- launch: all ranks at once (scale.sh: one run at 1, 2, 4, ... ranks each) ---------------------
 RANKS=$(ranks_to_run "$NRANKS")  # all at once; scale.sh: 1 2 4 ...
 for NRANKS in $RANKS; do
-  new_run local "$NRANKS" "$NRANKS"  # RUN_DIR, and COURSE_FLAGS: --log-dir for the examples
+  new_run local "$NRANKS" "$NRANKS"  # RUN_DIR; COURSE_FLAGS for the examples
   launch mpiexec -n "$NRANKS" python "$SCRIPT" "${COURSE_FLAGS[@]}" "$@"
 done

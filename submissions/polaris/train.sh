@@ -57,7 +57,7 @@ fi
 RANKS=$(ranks_to_run "$NRANKS")  # all at once; scale.sh: 1 2 4 ...
 for NRANKS in $RANKS; do
   PPN=$((NRANKS < RANKS_PER_NODE ? NRANKS : RANKS_PER_NODE))
-  new_run polaris "$NRANKS" "$PPN"  # RUN_DIR, and COURSE_FLAGS: --log-dir for the examples
+  new_run polaris "$NRANKS" "$PPN"  # RUN_DIR; COURSE_FLAGS for the examples
   launch mpiexec -n "$NRANKS" --ppn "$PPN" --depth "$DEPTH" --cpu-bind depth \
     "$REPO_DIR"/submissions/polaris/set_affinity_gpu_polaris.sh \
     python "$SCRIPT" "${COURSE_FLAGS[@]}" "$@"

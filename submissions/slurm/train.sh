@@ -49,7 +49,7 @@ step export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head 
 RANKS=$(ranks_to_run "$NRANKS")  # all at once; scale.sh: 1 2 4 ...
 for NRANKS in $RANKS; do
   PPN=$((NRANKS < RANKS_PER_NODE ? NRANKS : RANKS_PER_NODE))
-  new_run slurm "$NRANKS" "$PPN"  # RUN_DIR, and COURSE_FLAGS: --log-dir for the examples
+  new_run slurm "$NRANKS" "$PPN"  # RUN_DIR; COURSE_FLAGS for the examples
   launch srun -N "$(((NRANKS + PPN - 1) / PPN))" -n "$NRANKS" --ntasks-per-node "$PPN" \
     --cpus-per-task "$DEPTH" --cpu-bind=cores --kill-on-bad-exit=1 \
     python "$SCRIPT" "${COURSE_FLAGS[@]}" "$@"

@@ -48,7 +48,7 @@ step export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}"
 RANKS=$(ranks_to_run "$NRANKS")  # all at once; scale.sh: 1 2 4 ...
 for NRANKS in $RANKS; do
   PPN=$((NRANKS < RANKS_PER_NODE ? NRANKS : RANKS_PER_NODE))
-  new_run sophia "$NRANKS" "$PPN"  # RUN_DIR, and COURSE_FLAGS: --log-dir for the examples
+  new_run sophia "$NRANKS" "$PPN"  # RUN_DIR; COURSE_FLAGS for the examples
   launch mpirun -n "$NRANKS" -N "$PPN" --hostfile "$PBS_NODEFILE" -x PATH -x LD_LIBRARY_PATH \
     -x OMP_NUM_THREADS -x MASTER_ADDR -x MASTER_PORT python "$SCRIPT" "${COURSE_FLAGS[@]}" "$@"
 done
