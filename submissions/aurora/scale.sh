@@ -18,5 +18,7 @@
 for REPO_DIR in "${REPO_DIR:-}" "${PBS_O_WORKDIR:-}" "$(dirname "$0")/../.." "$PWD"; do
   [[ -f "$REPO_DIR/submissions/plumbing.sh" ]] && break
 done
+[[ -f "$REPO_DIR/submissions/plumbing.sh" ]] ||
+  { echo "error: repository not found: qsub from inside it, or set REPO_DIR" >&2; exit 1; }
 export SWEEP=1 REPO_DIR
 exec bash "$REPO_DIR/submissions/aurora/train.sh" "$@"

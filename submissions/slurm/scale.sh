@@ -16,5 +16,7 @@
 for REPO_DIR in "${REPO_DIR:-}" "$PWD" "$(dirname "$0")/../.."; do
   [[ -f "$REPO_DIR/submissions/plumbing.sh" ]] && break
 done
+[[ -f "$REPO_DIR/submissions/plumbing.sh" ]] ||
+  { echo "error: repository not found: sbatch from inside it, or set REPO_DIR" >&2; exit 1; }
 export SWEEP=1 REPO_DIR
 exec bash "$REPO_DIR/submissions/slurm/train.sh" "$@"

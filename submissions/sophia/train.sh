@@ -20,6 +20,8 @@
 for REPO_DIR in "${REPO_DIR:-}" "${PBS_O_WORKDIR:-}" "$(dirname "$0")/../.." "$PWD"; do
   [[ -f "$REPO_DIR/submissions/plumbing.sh" ]] && break
 done
+[[ -f "$REPO_DIR/submissions/plumbing.sh" ]] ||
+  { echo "error: repository not found: qsub from inside it, or set REPO_DIR" >&2; exit 1; }
 # shellcheck source=submissions/plumbing.sh
 source "$REPO_DIR/submissions/plumbing.sh"  # dry run, log folders, end-of-job report
 
