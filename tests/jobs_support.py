@@ -1,13 +1,14 @@
-"""Shared by tests/test_jobs_*.py: a job script run the way its scheduler would run it, and its launch line.
+"""Shared by tests/test_jobs_*.py: a job script run as its scheduler would run it, and its launch
+line.
 
-PBS and Slurm run a *copy* of the script from a spool folder, with the submission folder in PBS_O_WORKDIR or
-as the working directory; the scheduler's variables (a node file naming this host once per node, PBS_JOBID,
-SLURM_*) are set. Only what cannot exist here is simulated, by small programs first on PATH: `module` and
-`conda` (recorded, nothing done), `python` (this venv's, standing in for the modules' one) and the machine's
-launcher (Cray PALS `mpiexec` on Aurora and Polaris, Open MPI `mpirun` on Sophia, `srun`), which checks its
-options against the allocation and then starts the ranks with the venv's real MPICH `mpiexec -n N`. Training
-and MPI are real; the devices are CPUs (`--device cpu` after the script's own flags).
-"""
+PBS and Slurm run a *copy* of the script from a spool folder, with the submission folder in
+PBS_O_WORKDIR or as the working directory; the scheduler's variables (a node file naming this host
+once per node, PBS_JOBID, SLURM_*) are set. Only what cannot exist here is simulated, by small
+programs first on PATH: `module` and `conda` (recorded, nothing done), `python` (this venv's,
+standing in for the modules' one) and the machine's launcher (Cray PALS `mpiexec` on Aurora and
+Polaris, Open MPI `mpirun` on Sophia, `srun`), which checks its options against the allocation and
+then starts the ranks with the venv's real MPICH `mpiexec -n N`. Training and MPI are real; the
+devices are CPUs (`--device cpu` after the script's own flags)."""
 
 import ast
 import json
@@ -41,7 +42,7 @@ EXAMPLES = dict(
 QUICK = ["--epochs", "1", "--max-steps", "3", "--device", "cpu", "--num-threads", "1"]
 
 LAUNCHER_SHIM = r'''#!{python}
-"""Stand-in for Cray PALS mpiexec, Open MPI mpirun or srun: check the options against the allocation,
+"""Stand-in for Cray PALS mpiexec, Open MPI mpirun or srun: check the options against the job,
 record them, then start the ranks on this host with the venv's real MPICH mpiexec."""
 import json, os, sys
 
@@ -61,7 +62,8 @@ def nodes_in(path):
 
 VALUED = {{"mpiexec": {{"-n", "--ppn", "--depth", "--cpu-bind"}},
           "mpirun": {{"-n", "-N", "--hostfile", "-x"}},
-          "srun": {{"-N", "-n", "--ntasks-per-node", "--cpus-per-task", "--cpu-bind", "--kill-on-bad-exit"}}}}[name]
+          "srun": {{"-N", "-n", "--ntasks-per-node", "--cpus-per-task", "--cpu-bind",
+                   "--kill-on-bad-exit"}}}}[name]
 opts, i = {{}}, 0
 while i < len(args) and args[i].startswith("-"):
     if args[i].startswith("--") and "=" in args[i]:
@@ -77,7 +79,7 @@ cmd = args[i:]
 if not cmd:
     fail("no command")
 try:
-    if name == "mpiexec":  # Cray PALS: --depth with --cpu-bind depth, or a list with an entry per rank
+    if name == "mpiexec":  # Cray PALS: --depth with --cpu-bind depth, or a list, an entry per rank
         n, ppn = int(opts["-n"]), int(opts["--ppn"])
         nodes = nodes_in(os.environ["PBS_NODEFILE"])
         bind = opts["--cpu-bind"]
@@ -198,7 +200,7 @@ def shim_calls(tmp_path):
 
 
 def printed(stdout):
-    """The commands a script printed (a dry run's plain lines, a real run's `+ ` lines), as word lists."""
+    """The commands a script printed (dry run: plain lines; real run: `+ ` lines), as words."""
     lines = stdout.splitlines()
     if lines and lines[0] == "dry run: nothing is executed":
         return [shlex.split(line) for line in lines[1:] if line and not line.startswith("#")]
@@ -210,7 +212,7 @@ def launches(stdout, machine):
 
 
 def launch_text(script):
-    """The launch line written in the script (after `launch`, continuation lines joined), as shell words
+    """The launch line written in the script (after `launch`, continuations joined), as shell words
     whose $VARIABLES are still unexpanded."""
     text = script.read_text().replace("\\\n", " ")
     (line,) = [line.strip() for line in text.splitlines() if line.strip().startswith("launch ")]
@@ -260,8 +262,8 @@ def threads(machine, ranks_per_node, cpus=None):
 def expected_launch(
     script, machine, nranks, ppn, extra=(), log_dir=None, example="ddp", rpn=None, **values
 ):
-    """The launch line `script` should print for `nranks` ranks, `ppn` per node (`rpn` ranks per node in the
-    job, default ppn): its own text, expanded."""
+    """The launch line `script` should print for `nranks` ranks, `ppn` per node (`rpn` per node
+    in the job, default ppn): its own text, expanded."""
     flags = [
         "--num-threads",
         str(threads(machine, rpn or ppn, values.get("CPUS"))),
@@ -280,7 +282,7 @@ def expected_launch(
 
 
 def directives(script):
-    """[(option, value), ...] of the #PBS / #SBATCH lines; they must all precede the first command."""
+    """[(option, value), ...] of the #PBS / #SBATCH lines; all must precede the first command."""
     prefix = "#SBATCH" if script.parent.name == "slurm" else "#PBS"
     found, seen_command = [], False
     for line in script.read_text().splitlines()[1:]:
@@ -305,7 +307,7 @@ def nodes_asked(script):
 
 
 def ranks_per_node(script):
-    """The script's default ranks per node: RANKS_PER_NODE=${RANKS_PER_NODE:-N} (Slurm: --ntasks-per-node)."""
+    """The script's default ranks per node: ${RANKS_PER_NODE:-N} (Slurm: --ntasks-per-node)."""
     if script.parent.name == "slurm":
         return int(dict(directives(script))["--ntasks-per-node"])
     (n,) = re.findall(

@@ -1,4 +1,5 @@
-"""submissions/local: the workstation scripts run for real with the course's .venv (2 ranks, a few steps)."""
+"""submissions/local: the workstation scripts run for real with the course's .venv (2 ranks, a few
+steps)."""
 
 from conftest import BIN, ROOT, check, metrics, run
 from jobs_support import EXAMPLES, QUICK, SUB, expected_launch, launches, printed
@@ -67,8 +68,8 @@ def test_scale_sh_sweeps_1_and_2_ranks(tmp_path):
 
 
 def test_a_copy_runs_your_own_script_after_one_changed_line(tmp_path):
-    """Copy train.sh (and plumbing.sh) into a project, change the SCRIPT= line: it runs that script on
-    2 ranks, with only its own arguments (the course's --log-dir is for the course's examples)."""
+    """Copy train.sh and plumbing.sh into a project, change the SCRIPT= line: it runs that script on
+    2 ranks with its own arguments only (--num-threads and --log-dir are for the examples)."""
     project = tmp_path / "myproject"
     (project / "submissions" / "local").mkdir(parents=True)
     (project / "submissions" / "plumbing.sh").write_text((SUB / "plumbing.sh").read_text())

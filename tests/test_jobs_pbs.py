@@ -1,8 +1,8 @@
-"""submissions/{aurora,polaris,sophia}: every script under a simulated PBS at 1 and 2 nodes (tests/jobs_support.py).
+"""submissions/{aurora,polaris,sophia}: every script under a simulated PBS at 1 and 2 nodes
+(tests/jobs_support.py).
 
-The dry run prints the plan; the real runs train on CPUs through the launcher's stand-in. Each printed launch
-line must be the one written in the script's text, with its variables' values.
-"""
+The dry run prints the plan; the real runs train on CPUs through the launcher's stand-in. Each
+printed launch line must be the one written in the script's text, with its variables' values."""
 
 import pytest
 from conftest import BIN, ROOT, check, metrics, run
@@ -24,7 +24,8 @@ from jobs_support import (
     sweep_points,
 )
 
-# Aurora's --cpu-bind list (ALCF's running-jobs page): 8 cores per rank, cores 0 and 52 left to the system.
+# Aurora's --cpu-bind list (ALCF's running-jobs page): 8 cores per rank, cores 0 and 52 left to the
+# system.
 AURORA_LIST = "list:1-8:9-16:17-24:25-32:33-40:41-48:53-60:61-68:69-76:77-84:85-92:93-100"
 AURORA_CCL = [
     "CCL_PROCESS_LAUNCHER=pmix",
@@ -193,8 +194,8 @@ def test_polaris_nccl_settings_when_asked(tmp_path):
     got = exports(check(result).stdout)
     assert set(POLARIS_NCCL) <= set(got), got
     assert (
-        "LD_LIBRARY_PATH=/soft/libraries/aws-ofi-nccl/v1.9.1-aws/lib:/soft/libraries/hwloc/lib:/opt/x/lib"
-        in got
+        "LD_LIBRARY_PATH=/soft/libraries/aws-ofi-nccl/v1.9.1-aws/lib:"
+        "/soft/libraries/hwloc/lib:/opt/x/lib" in got
     )
     result, _ = job(
         "polaris", tmp_path, 1, POLARIS_NCCL_TUNING="1", POLARIS_OFI_NCCL_DIR=str(tmp_path / "none")
@@ -205,7 +206,7 @@ def test_polaris_nccl_settings_when_asked(tmp_path):
     assert shim_launches(tmp_path) == []
 
 
-# --- real runs: 2 ranks on CPUs, one node x 2 or two nodes x 1 -------------------------------------------------
+# --- real runs: 2 ranks on CPUs, one node x 2 or two nodes x 1 ------------------------------------
 RUNS = [
     pytest.param(machine, nodes, "ddp", id=f"{machine}-{nodes}node")
     for machine in PBS
@@ -220,7 +221,8 @@ RUNS += [
 @pytest.mark.parametrize("machine,nodes,example", RUNS)
 def test_train_sh_runs_as_pbs_would_run_it(tmp_path, machine, nodes, example):
     rpn = 2 // nodes
-    # qsub passes no arguments: the flags go in TRAIN_ARGS, as `qsub -v TRAIN_ARGS=...` would set them
+    # qsub passes no arguments: the flags go in TRAIN_ARGS, as `qsub -v TRAIN_ARGS=...` would set
+    # them
     result, env = job(
         machine,
         tmp_path,

@@ -1,5 +1,5 @@
-"""submissions/: what can be checked without running a job: shellcheck, the directives, the README's node and
-rank statements against the scripts, the one table of examples, Polaris' GPU affinity."""
+"""submissions/: what can be checked without running a job: shellcheck, the directives, the README's
+node and rank statements against the scripts, the one table of examples, Polaris' GPU affinity."""
 
 import re
 
@@ -163,7 +163,7 @@ def test_retired_scripts_say_so_and_keep_their_launch_lines():
     assert "aprun" not in live and "COBALT" not in live  # no branch for them in the live scripts
 
 
-# --- the README's statements against the scripts ------------------------------------------------------------
+# --- the README's statements against the scripts --------------------------------------------------
 ROW = re.compile(r"^\| \[`(\w+)/(train|scale)\.sh`\]\(\w+/\w+\.sh\) \| (\d+) \| (\d+) \| (.+?) \|$")
 
 
@@ -187,7 +187,7 @@ def test_readme_nodes_and_ranks_match_the_scripts():
             assert ranks == ", ".join([*points, str(total)]), (machine, stem, ranks)
 
 
-# --- Polaris' GPU affinity ----------------------------------------------------------------------------------
+# --- Polaris' GPU affinity ------------------------------------------------------------------------
 AFFINITY = SUB / "polaris" / "set_affinity_gpu_polaris.sh"
 
 
