@@ -19,7 +19,6 @@ RUN_DIRS=()
 if [[ "${DRY_RUN:-0}" == 1 ]]; then echo "dry run: nothing is executed"; fi
 
 fail() { echo "error: $*" >&2; exit 1; }
-
 # A command as it would be typed: words with spaces or quotes single-quoted.
 quote() {
   local w out=() q="'"
@@ -119,11 +118,8 @@ refuse_laptop_venv() {
 # against a 1-rank run among them). A failure before any launch has said why already.
 report() {
   local status=$1
-  if ((status != 0)) && [[ -n "${LAUNCHED:-}" ]]; then
-    echo "error: $LAUNCHED exited with $status (output in $RUN_DIR/output.log)" >&2
-  fi
-  [[ "${DRY_RUN:-0}" != 1 && ${#RUN_DIRS[@]} -gt 0 ]] && is_example "$SCRIPT" || return "$status"
-  python - "${RUN_DIRS[@]}" <<'EOF' || true
+  if [[ "${DRY_RUN:-0}" != 1 && ${#RUN_DIRS[@]} -gt 0 ]] && is_example "$SCRIPT"; then
+    python - "${RUN_DIRS[@]}" <<'EOF' || true
 import json, os, sys
 rows = []
 for d in sys.argv[1:]:
@@ -145,6 +141,10 @@ for d, m in rows:
 if base is None:
     print("(speedup and efficiency need a 1-rank run to compare with: scale.sh makes one)")
 EOF
+  fi
+  if ((status != 0)) && [[ -n "${LAUNCHED:-}" ]]; then  # the job's last line says what failed
+    echo "error: $LAUNCHED exited with $status (output in $RUN_DIR/output.log)" >&2
+  fi
   return "$status"
 }
 trap 'report $?' EXIT
