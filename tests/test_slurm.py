@@ -1,4 +1,4 @@
-"""submissions/slurm/*.sh as real jobs: `sbatch` on a 2-node Slurm cluster on this machine.
+"""submissions/slurm/train.sh and scale.sh as real jobs: `sbatch` on a 2-node Slurm cluster on this machine.
 
 utils/tools/slurm_cluster.sh (`make slurm-up`) runs munged, slurmctld and two slurmd daemons, nodes n1 and n2 with
 2 CPUs each, both this host. Nothing is simulated: sbatch queues the unchanged job script, slurmd runs a copy of
@@ -20,8 +20,13 @@ import time
 from pathlib import Path
 
 import pytest
+<<<<<<< HEAD
 
 from support import BIN, ROOT, check, free_port, metrics, run, summary
+=======
+from support import BIN, ROOT, check, free_port, metrics, run, summary
+from jobs_support import expected_launch, launches
+>>>>>>> jobs
 
 CLUSTER = ROOT / "utils" / "tools" / "slurm_cluster.sh"
 SLURM = ROOT / "submissions" / "slurm"
@@ -31,15 +36,15 @@ OVERRIDES = ["--gpus-per-node=0",  # no GPUs here (the directive asks for 4)
              "--constraint=",      # the nodes have no `gpu` feature (the directive says -C gpu)
              "--time=10"]          # minutes: Slurm itself ends a job that hangs
 # -A YOUR_PROJECT and -q debug stay: without an accounting database Slurm accepts and ignores them.
-EXAMPLES = {"ddp": "ddp", "horovod_pytorch": "horovod-pytorch", "horovod_tensorflow": "horovod-tensorflow",
-            "deepspeed": "deepspeed"}
+EXAMPLES = ("ddp", "horovod-pytorch", "horovod-tensorflow", "deepspeed")
 # Settings of the scripts a developer may have exported: empty means "the default" to the scripts.
-SETTINGS = ("REPO_DIR", "RUNS_DIR", "TRAIN_ARGS", "ENV_SETUP", "EXAMPLE", "DEVICE", "DRY_RUN", "SWEEP_RANKS",
-            "RANKS_PER_NODE", "THREADS_PER_RANK", "NRANKS", "LAUNCHER", "PYTHON", "VENV", "VIRTUAL_ENV")
+SETTINGS = ("REPO_DIR", "RUNS_DIR", "TRAIN_ARGS", "ENV_SETUP", "EXAMPLE", "DRY_RUN", "SWEEP", "SWEEP_RANKS",
+            "SWEEP_DIR", "NRANKS", "VENV", "VIRTUAL_ENV", "OMP_NUM_THREADS", "MASTER_ADDR")
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
             "PREEMPTED"}
 # One epoch on 2 ranks reaches 0.90-0.93 here with every framework; a run that did not learn stays near 0.10.
 MIN_ACC_ONE_EPOCH = 0.85
+CPU_ARGS = ["--epochs", "1", "--device", "cpu"]
 
 
 def cluster(command, timeout=600):
@@ -93,7 +98,7 @@ def job_env(slurm, frameworks, runs_dir, **settings):
     """What the submitting shell holds: no .venv on PATH, the cluster's SLURM_CONF, the scripts' settings."""
     env = dict.fromkeys(SETTINGS, "")
     env.update(PATH="/usr/local/bin:/usr/bin:/bin", SLURM_CONF=slurm, ENV_SETUP=frameworks["ENV_SETUP"],
-               RUNS_DIR=str(runs_dir), DEVICE="cpu", MASTER_PORT=str(free_port()))
+               RUNS_DIR=str(runs_dir), MASTER_PORT=str(free_port()))
     env.update(settings)
     return env
 
@@ -155,23 +160,25 @@ def test_up_on_a_running_cluster_changes_nothing(slurm):
 
 # --- every example's script as a real job ---------------------------------------------------------------------
 @pytest.mark.parametrize("nodes,per_node", [(1, 2), (2, 1)], ids=["1node-x2", "2nodes-x1"])
-@pytest.mark.parametrize("stem", EXAMPLES)
-def test_job_script_runs_under_slurm(slurm, frameworks, tmp_path, stem, nodes, per_node):
-    example = EXAMPLES[stem]
-    settings = {}
+@pytest.mark.parametrize("example", EXAMPLES)
+def test_job_script_runs_under_slurm(slurm, frameworks, tmp_path, example, nodes, per_node):
+    settings = {"EXAMPLE": example}
     if example.startswith("horovod"):
         # Horovod takes its ranks from MPI; MPI gets them from srun through PMI-2. Sites set this as their
         # MpiDefault; Slurm's own default (none) would leave every rank an MPI world of 1.
         settings["SLURM_MPI_TYPE"] = "pmi2"
     env = job_env(slurm, frameworks, tmp_path / "runs", **settings)
-    job = wait(env, submit(env, SLURM / f"{stem}.sh", nodes, per_node, tmp_path, ["--epochs", "1"]))
+    job = wait(env, submit(env, SLURM / "train.sh", nodes, per_node, tmp_path, CPU_ARGS))
     out = finished(job)
     assert job["ExitCode"] == "0:0" and int(job["NumNodes"]) == nodes, job
-    assert f"[submissions] environment: {frameworks['ENV_SETUP']}" in out
-    assert f"srun -N {nodes} -n 2 --ntasks-per-node {per_node} " in out, out
+    assert f"+ {frameworks['ENV_SETUP']}" in out.splitlines()
 
     (log_dir,) = (tmp_path / "runs" / "slurm" / example).iterdir()
     assert log_dir.name == f"{job['JobId']}.n2"
+    # the launch line printed is the one written in the script, with its values (1 CPU per rank here)
+    expected = expected_launch(SLURM / "train.sh", "slurm", 2, per_node, CPU_ARGS, log_dir, example,
+                               DEPTH=1, CPUS=per_node)  # Slurm gave each task 1 CPU
+    assert launches(out, "slurm") == [expected], out
     config = json.loads((log_dir / "config.json").read_text())
     # rank 0 writes config.json: global rank 0 of 2, local rank 0 of the ranks on its node
     assert (config["rank"], config["world_size"]) == (0, 2), config
@@ -179,7 +186,7 @@ def test_job_script_runs_under_slurm(slurm, frameworks, tmp_path, stem, nodes, p
     assert config["launcher"] == "srun", config  # Slurm's numbers, also when PMI-2 adds PMI_RANK for MPI
     if example.startswith("horovod"):
         assert config["backend"] == "horovod-mpi", config
-    else:  # every rank met at the allocation's first node (submissions/common.sh asks scontrol)
+    else:  # every rank met at the allocation's first node (the script asks scontrol)
         assert config["master_addr"] == "n1", config
     history = metrics(log_dir)
     assert [(m["epoch"], m["world_size"]) for m in history] == [(1, 2)], history
@@ -191,11 +198,11 @@ def test_job_script_runs_under_slurm(slurm, frameworks, tmp_path, stem, nodes, p
 
 def test_scaling_sweep_across_one_and_two_nodes(slurm, frameworks, tmp_path):
     env = job_env(slurm, frameworks, tmp_path / "runs")
-    job = wait(env, submit(env, SLURM / "scale.sh", 2, 1, tmp_path, ["--epochs", "1"]))
+    job = wait(env, submit(env, SLURM / "scale.sh", 2, 1, tmp_path, CPU_ARGS))
     out = finished(job)
     sweep = tmp_path / "runs" / "slurm" / "ddp-scale" / job["JobId"]
     assert sorted(p.name for p in sweep.iterdir()) == ["n1", "n2"]
-    assert "srun -N 1 -n 1 --ntasks-per-node 1 " in out and "srun -N 2 -n 2 --ntasks-per-node 1 " in out, out
+    assert "+ srun -N 1 -n 1 --ntasks-per-node 1 " in out and "+ srun -N 2 -n 2 --ntasks-per-node 1 " in out, out
     for n in (1, 2):
         run_dir = sweep / f"n{n}"
         for name in ("config.json", "metrics.jsonl", "summary.json", "output.log"):
@@ -220,7 +227,7 @@ def test_scaling_sweep_across_one_and_two_nodes(slurm, frameworks, tmp_path):
 # --- failures ---------------------------------------------------------------------------------------------------
 def test_a_bad_flag_fails_the_job_with_one_error_line(slurm, frameworks, tmp_path):
     env = job_env(slurm, frameworks, tmp_path / "runs", TRAIN_ARGS="--epochs 1 --no-such-flag")
-    job = wait(env, submit(env, SLURM / "ddp.sh", 1, 1, tmp_path))
+    job = wait(env, submit(env, SLURM / "train.sh", 1, 1, tmp_path))
     out = finished(job, "FAILED")
     assert job["ExitCode"] != "0:0", job
     flagged = [line for line in out.splitlines() if "error:" in line and "--no-such-flag" in line]
@@ -231,8 +238,8 @@ def test_a_bad_flag_fails_the_job_with_one_error_line(slurm, frameworks, tmp_pat
 
 def test_the_laptop_venv_is_still_refused_under_slurm(slurm, frameworks, tmp_path):
     env = job_env(slurm, frameworks, tmp_path / "runs", ENV_SETUP=":", PATH=f"{BIN}:/usr/local/bin:/usr/bin:/bin")
-    job = wait(env, submit(env, SLURM / "ddp.sh", 1, 1, tmp_path, ["--epochs", "1"]))
+    job = wait(env, submit(env, SLURM / "train.sh", 1, 1, tmp_path, CPU_ARGS))
     out = finished(job, "FAILED")
     errors = [line for line in out.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and ".venv" in errors[0] and "slurm" in errors[0], out
-    assert "run: " not in out and not (tmp_path / "runs").exists()
+    assert not launches(out, "slurm") and not (tmp_path / "runs").exists()

@@ -1,25 +1,9 @@
 #!/usr/bin/env bash
-# scaling sweep: the same training at 1, 2, 4, ... ranks, one log dir each
-# on a workstation or laptop, with the repo's own .venv (make setup): its mpiexec, torchrun, deepspeed.
-# ranks = NRANKS (2); LAUNCHER=mpiexec (default), torchrun, deepspeed or horovodrun.
-# EXAMPLE=ddp|horovod-pytorch|horovod-tensorflow|deepspeed picks the example (default ddp);
-# runs go to runs/local/<example>-scale/<job id>/n<ranks>/, then a throughput table is printed.
+# The scaling sweep on a workstation: train.sh at 1, 2, 4, ... up to NRANKS processes
+# (default 2), one log folder each, then a table of throughput, speedup and efficiency.
+# Speeds depend on the machine.
 #
-#   bash submissions/local/scale.sh --epochs 1 --max-steps 20
-#   NRANKS=4 EXAMPLE=horovod-pytorch bash submissions/local/scale.sh
-# Environment variables that change the run (TRAIN_ARGS, RANKS_PER_NODE, ENV_SETUP, DRY_RUN=1, ...):
-# see submissions/README.md and the top of submissions/common.sh.
+#   bash submissions/local/scale.sh --epochs 1
+#   NRANKS=4 EXAMPLE=deepspeed bash submissions/local/scale.sh
 
-MACHINE=local
-EXAMPLE=${EXAMPLE:-ddp}
-# Schedulers may run a copy of this script from a spool directory: look for the repository next to the
-# script, then where the job was submitted from (cd into the repo before qsub/sbatch), or set REPO_DIR.
-for d in "${REPO_DIR:-}" "$(dirname "${BASH_SOURCE[0]}")" "${PBS_O_WORKDIR:-}" "${SLURM_SUBMIT_DIR:-}" "$PWD"; do
-  d=$(cd "${d:-/nonexistent}" 2>/dev/null && pwd -P) || continue
-  while [[ "$d" != / && ! -f "$d/submissions/common.sh" ]]; do d=$(dirname "$d"); done
-  if [[ -f "$d/submissions/common.sh" ]]; then REPO_DIR=$d; break; fi
-done
-[[ -f "${REPO_DIR:-}/submissions/common.sh" ]] || { echo "error: repository not found; set REPO_DIR" >&2; exit 1; }
-# shellcheck source=submissions/common.sh
-source "$REPO_DIR/submissions/common.sh"
-sdl_sweep "$@"
+SWEEP=1 exec bash "$(dirname "$0")/train.sh" "$@"

@@ -3,33 +3,20 @@
 #SBATCH -N 2
 #SBATCH --ntasks-per-node=4
 #SBATCH --gpus-per-node=4
-#SBATCH -t 00:30:00
+#SBATCH -t 01:00:00
 #SBATCH -q debug
 #SBATCH -A YOUR_PROJECT
 #SBATCH -C gpu
 #SBATCH -o %x-%j.out
-# scaling sweep: the same training at 1, 2, 4, ... ranks, one log dir each
-# on a Slurm cluster with 4 GPUs per node (Perlmutter-style: -C gpu -q debug; on Frontier drop -C/-q, use -p batch).
-# ranks = $SLURM_JOB_NUM_NODES x RANKS_PER_NODE (--ntasks-per-node, 4), launched with srun.
-# EXAMPLE=ddp|horovod-pytorch|horovod-tensorflow|deepspeed picks the example (default ddp);
-# runs go to runs/slurm/<example>-scale/<job id>/n<ranks>/, then a throughput table is printed.
+# The scaling sweep on a Slurm cluster: train.sh at 1, 2, 4, ... ranks up to every GPU of the job
+# (2 nodes: 8), one log folder each, then a table of throughput, speedup and efficiency.
 #
-#   sbatch -A <project> submissions/slurm/scale.sh --epochs 8
-#   sbatch -A <project> -N 2 submissions/slurm/scale.sh
-#   bash submissions/slurm/scale.sh --epochs 8      # inside an interactive job (salloc ...)
-# Environment variables that change the run (TRAIN_ARGS, RANKS_PER_NODE, ENV_SETUP, DRY_RUN=1, ...):
-# see submissions/README.md and the top of submissions/common.sh.
+#   sbatch -A <project> submissions/slurm/scale.sh --epochs 2
 
-MACHINE=slurm
-EXAMPLE=${EXAMPLE:-ddp}
-# Schedulers may run a copy of this script from a spool directory: look for the repository next to the
-# script, then where the job was submitted from (cd into the repo before qsub/sbatch), or set REPO_DIR.
-for d in "${REPO_DIR:-}" "$(dirname "${BASH_SOURCE[0]}")" "${PBS_O_WORKDIR:-}" "${SLURM_SUBMIT_DIR:-}" "$PWD"; do
-  d=$(cd "${d:-/nonexistent}" 2>/dev/null && pwd -P) || continue
-  while [[ "$d" != / && ! -f "$d/submissions/common.sh" ]]; do d=$(dirname "$d"); done
-  if [[ -f "$d/submissions/common.sh" ]]; then REPO_DIR=$d; break; fi
+for REPO_DIR in "${REPO_DIR:-}" "$PWD" "$(dirname "$0")/../.."; do
+  [[ -f "$REPO_DIR/submissions/plumbing.sh" ]] && break
 done
-[[ -f "${REPO_DIR:-}/submissions/common.sh" ]] || { echo "error: repository not found; set REPO_DIR" >&2; exit 1; }
-# shellcheck source=submissions/common.sh
-source "$REPO_DIR/submissions/common.sh"
-sdl_sweep "$@"
+[[ -f "$REPO_DIR/submissions/plumbing.sh" ]] ||
+  { echo "error: repository not found: sbatch from inside it, or set REPO_DIR" >&2; exit 1; }
+export SWEEP=1 REPO_DIR
+exec bash "$REPO_DIR/submissions/slurm/train.sh" "$@"

@@ -7,30 +7,17 @@
 #PBS -q by-node
 #PBS -A YOUR_PROJECT
 #PBS -j oe
-# scaling sweep: the same training at 1, 2, 4, ... ranks, one log dir each
-# on Sophia (PBS Pro, ThetaGPU's DGX A100 nodes: 8 A100 per node, Open MPI mpirun); written from ALCF's
-# Sophia guide as read on 2026-11-25, not yet run there.
-# ranks = nodes in $PBS_NODEFILE x RANKS_PER_NODE (8, one per GPU; in a by-gpu job, one per GPU listed
-# in CUDA_VISIBLE_DEVICES).
-# EXAMPLE=ddp|horovod-pytorch|horovod-tensorflow|deepspeed picks the example (default ddp);
-# runs go to runs/sophia/<example>-scale/<job id>/n<ranks>/, then a throughput table is printed.
+# The scaling sweep on Sophia: train.sh at 1, 2, 4, ... ranks up to every GPU of the job
+# (2 nodes: 16), one log folder each, then a table of throughput, speedup and efficiency.
+# Written from ALCF's Sophia guide as read on 2026-11-25; not yet run there.
 #
 #   qsub -A <project> submissions/sophia/scale.sh
-#   qsub -A <project> -l select=2 -v TRAIN_ARGS="--epochs 8" submissions/sophia/scale.sh
-#   bash submissions/sophia/scale.sh --epochs 8      # inside an interactive job (qsub -I ...)
-# Environment variables that change the run (TRAIN_ARGS, RANKS_PER_NODE, ENV_SETUP, DRY_RUN=1, ...):
-# see submissions/README.md and the top of submissions/common.sh.
+#   qsub -A <project> -v EXAMPLE=horovod-pytorch submissions/sophia/scale.sh
 
-MACHINE=sophia
-EXAMPLE=${EXAMPLE:-ddp}
-# Schedulers may run a copy of this script from a spool directory: look for the repository next to the
-# script, then where the job was submitted from (cd into the repo before qsub/sbatch), or set REPO_DIR.
-for d in "${REPO_DIR:-}" "$(dirname "${BASH_SOURCE[0]}")" "${PBS_O_WORKDIR:-}" "${SLURM_SUBMIT_DIR:-}" "$PWD"; do
-  d=$(cd "${d:-/nonexistent}" 2>/dev/null && pwd -P) || continue
-  while [[ "$d" != / && ! -f "$d/submissions/common.sh" ]]; do d=$(dirname "$d"); done
-  if [[ -f "$d/submissions/common.sh" ]]; then REPO_DIR=$d; break; fi
+for REPO_DIR in "${REPO_DIR:-}" "${PBS_O_WORKDIR:-}" "$(dirname "$0")/../.." "$PWD"; do
+  [[ -f "$REPO_DIR/submissions/plumbing.sh" ]] && break
 done
-[[ -f "${REPO_DIR:-}/submissions/common.sh" ]] || { echo "error: repository not found; set REPO_DIR" >&2; exit 1; }
-# shellcheck source=submissions/common.sh
-source "$REPO_DIR/submissions/common.sh"
-sdl_sweep "$@"
+[[ -f "$REPO_DIR/submissions/plumbing.sh" ]] ||
+  { echo "error: repository not found: qsub from inside it, or set REPO_DIR" >&2; exit 1; }
+export SWEEP=1 REPO_DIR
+exec bash "$REPO_DIR/submissions/sophia/train.sh" "$@"

@@ -1,0 +1,68 @@
+#!/bin/bash -l
+#PBS -N train
+#PBS -l select=1
+#PBS -l place=scatter
+#PBS -l walltime=0:30:00
+#PBS -l filesystems=home:flare
+#PBS -k doe
+#PBS -q debug
+#PBS -A YOUR_PROJECT
+#PBS -j oe
+# One training run on every GPU tile of the job, on Aurora (6 Intel GPU Max per node = 12 tiles,
+# Cray MPICH mpiexec, PyTorch's xccl backend over oneCCL).
+# Written from ALCF's Aurora guides as read on 2026-11-25; not yet run there.
+#
+#   qsub -A <project> submissions/aurora/train.sh                         # DDP on 1 node: 12 ranks
+#   qsub -A <project> -l select=2 -v EXAMPLE=deepspeed submissions/aurora/train.sh
+#   qsub -A <project> -v TRAIN_ARGS="--epochs 4" submissions/aurora/train.sh
+#   DRY_RUN=1 bash submissions/aurora/train.sh      # print the commands (inside a job: qsub -I ...)
+# Your own training script: change the SCRIPT= line. Options: submissions/README.md (Aurora).
+
+# PBS runs a copy of this script: the repository is where you ran qsub, or REPO_DIR.
+for REPO_DIR in "${REPO_DIR:-}" "${PBS_O_WORKDIR:-}" "$(dirname "$0")/../.." "$PWD"; do
+  [[ -f "$REPO_DIR/submissions/plumbing.sh" ]] && break
+done
+[[ -f "$REPO_DIR/submissions/plumbing.sh" ]] ||
+  { echo "error: repository not found: qsub from inside it, or set REPO_DIR" >&2; exit 1; }
+# shellcheck source=submissions/plumbing.sh
+source "$REPO_DIR/submissions/plumbing.sh"  # dry run, log folders, end-of-job report
+
+# --- what runs ------------------------------------------------------------------------------------
+EXAMPLE=${EXAMPLE:-ddp}
+case "$EXAMPLE" in  # Horovod is not on Aurora: say so before anything is loaded or launched
+  horovod-pytorch) fail "Horovod for PyTorch is no longer in Aurora's frameworks module" \
+    "(ALCF's PyTorch guide, 2026): on Aurora use DDP, EXAMPLE=ddp (xccl backend)" ;;
+  horovod-*) fail "the Horovod TensorFlow examples have no Intel GPU path (--device xpu stops" \
+    "in utils/tf_utils.py): on Aurora use DDP, EXAMPLE=ddp (xccl backend)" ;;
+esac
+SCRIPT=$(example_script "$EXAMPLE")  # your own: SCRIPT=/path/to/train.py
+read -r -a TRAIN_ARGS <<< "${TRAIN_ARGS:-}"  # qsub passes no arguments: -v TRAIN_ARGS="..."
+set -- "${TRAIN_ARGS[@]}" "$@"
+
+# --- environment: PyTorch (xpu, xccl), DeepSpeed and MPI from ALCF's frameworks module ------------
+step module load frameworks
+refuse_laptop_venv aurora
+
+# --- ranks: one per GPU tile ----------------------------------------------------------------------
+NNODES=$(nodes_in "$PBS_NODEFILE")
+RANKS_PER_NODE=${RANKS_PER_NODE:-12}     # 6 GPUs x 2 tiles, each tile its own device (FLAT)
+NRANKS=$((NNODES * RANKS_PER_NODE))
+# 8 cores per rank (the running-jobs page): ranks 0-5 on socket 0, 6-11 on socket 1;
+# cores 0 and 52, the first of each socket, stay with the system
+CPU_BIND=list:1-8:9-16:17-24:25-32:33-40:41-48:53-60:61-68:69-76:77-84:85-92:93-100
+step export OMP_NUM_THREADS=8 ZE_FLAT_DEVICE_HIERARCHY=FLAT
+
+# --- oneCCL under xccl, as ALCF's PyTorch guide sets it; ranks meet at the first node -------------
+step export CCL_PROCESS_LAUNCHER=pmix CCL_ATL_TRANSPORT=mpi CCL_KVS_MODE=mpi \
+  FI_MR_CACHE_MONITOR=userfaultfd
+if ((NNODES > 1)); then step export CCL_KVS_CONNECTION_TIMEOUT=300; fi  # many nodes start slowly
+step export MASTER_ADDR="$(head -n 1 "$PBS_NODEFILE")"
+
+# --- launch: all ranks at once (scale.sh: one run at 1, 2, 4, ... ranks each) ---------------------
+RANKS=$(ranks_to_run "$NRANKS")  # all at once; scale.sh: 1 2 4 ...
+for NRANKS in $RANKS; do
+  PPN=$((NRANKS < RANKS_PER_NODE ? NRANKS : RANKS_PER_NODE))
+  new_run aurora "$NRANKS" "$PPN"  # RUN_DIR; COURSE_FLAGS for the examples
+  launch mpiexec -n "$NRANKS" --ppn "$PPN" --cpu-bind "$CPU_BIND" \
+    python "$SCRIPT" "${COURSE_FLAGS[@]}" "$@"
+done

@@ -1,0 +1,150 @@
+# shellcheck shell=bash
+# What the job scripts share and nobody needs to read to submit one: the dry run, the examples'
+# table, a log folder per run, the laptop-.venv check, the end-of-job report. Sourced by
+# submissions/*/train.sh; machine facts (ranks per node, binding, launch line) stay there.
+#
+#   step CMD...        print CMD, then run it in this shell (module, export); DRY_RUN=1: print only
+#   launch CMD...      print CMD, run it, copy its output to $RUN_DIR/output.log; DRY_RUN=1: print
+#   example_script X   the script of example X in utils/tools/examples.tsv (the one table)
+#   nodes_in FILE      hosts in a node file (one a line)
+#   ranks_to_run N     N; with SWEEP=1 (scale.sh) 1 2 4 ... N, or SWEEP_RANKS
+#   new_run M N PPN    RUN_DIR=runs/M/<example>/<job id>.nN (a sweep: <example>-scale/<job id>/nN)
+#                      and COURSE_FLAGS (--num-threads, --log-dir) when SCRIPT is a course example
+#   refuse_laptop_venv stop if python or mpiexec would come from the course's laptop .venv
+
+set -eo pipefail
+REPO_DIR=$(cd "$REPO_DIR" && pwd -P)
+EXAMPLES_TSV=$REPO_DIR/utils/tools/examples.tsv
+RUN_DIRS=()
+if [[ "${DRY_RUN:-0}" == 1 ]]; then echo "dry run: nothing is executed"; fi
+
+fail() { echo "error: $*" >&2; exit 1; }
+# A command as it would be typed: words with spaces or quotes single-quoted.
+quote() {
+  local w out=() q="'"
+  for w in "$@"; do
+    if [[ "$w" =~ ^[A-Za-z0-9_./:=,@%+-]+$ ]]; then out+=("$w")
+    else out+=("$q${w//$q/$q\\$q$q}$q"); fi
+  done
+  echo "${out[*]}"
+}
+
+show() { if [[ "${DRY_RUN:-0}" == 1 ]]; then echo "$1"; else echo "+ $1"; fi; }
+step() {
+  if [[ "$1" == eval ]]; then show "$2"; else show "$(quote "$@")"; fi
+  # export changes only this shell: the dry run does it too, so that its plan shows the threads
+  if [[ "${DRY_RUN:-0}" != 1 || "$1" == export ]]; then "$@"; fi
+}
+
+launch() {
+  show "$(quote "$@")"
+  if [[ "${DRY_RUN:-0}" == 1 ]]; then return 0; fi
+  LAUNCHED=$RUN_WHAT
+  "$@" 2>&1 | tee "$RUN_DIR/output.log"
+}
+
+example_script() {
+  local script names
+  script=$(awk -F '\t' -v name="$1" '$1 == name { print $2 }' "$EXAMPLES_TSV")
+  names=$(awk -F '\t' '!/^#/ && NF == 2 { printf "%s ", $1 }' "$EXAMPLES_TSV")
+  [[ -n "$script" ]] || fail "EXAMPLE must be one of: ${names}(got '$1')"
+  echo "$REPO_DIR/$script"
+}
+is_example() {
+  [[ "$1" == "$REPO_DIR"/* && -f "$EXAMPLES_TSV" ]] &&
+    cut -f 2 "$EXAMPLES_TSV" | grep -qxF "${1#"$REPO_DIR"/}"
+}
+
+nodes_in() {
+  [[ -n "$1" && -r "$1" ]] || fail "node file '$1' missing: run this inside a job (or qsub -I)"
+  grep -c '[^[:space:]]' "$1"
+}
+
+ranks_to_run() {
+  local n=1 points=()
+  [[ "$1" =~ ^[1-9][0-9]*$ ]] || fail "ranks must be a positive integer, got '$1'"
+  if [[ "${SWEEP:-0}" != 1 ]]; then echo "$1"; return; fi
+  if [[ -n "${SWEEP_RANKS:-}" ]]; then
+    read -r -a points <<< "$SWEEP_RANKS"
+    for n in "${points[@]}"; do
+      if ! [[ "$n" =~ ^[1-9][0-9]*$ ]] || ((n > $1)); then
+        fail "SWEEP_RANKS: '$n' is not between 1 and the $1 ranks of this job"
+      fi
+    done
+  else
+    while ((n < $1)); do points+=("$n"); n=$((n * 2)); done
+    points+=("$1")
+  fi
+  echo "${points[*]}"
+}
+
+job_id() { local id=${PBS_JOBID:-${SLURM_JOB_ID:-$(date +%Y%m%d-%H%M%S)}}; echo "${id%%.*}"; }
+
+# shellcheck disable=SC2034,SC2153  # SCRIPT comes from the job script, COURSE_FLAGS goes back
+new_run() {
+  local machine=$1 n=$2 ppn=$3 name base i=2
+  if is_example "$SCRIPT"; then name=${EXAMPLE:-ddp}; else name=$(basename "${SCRIPT%.*}"); fi
+  base="${RUNS_DIR:-$REPO_DIR/runs}/$machine/$name"
+  if [[ "${SWEEP:-0}" == 1 ]]; then
+    : "${SWEEP_DIR:=$base-scale/$(job_id)}"
+    RUN_DIR="$SWEEP_DIR/n$n"
+  else
+    RUN_DIR="$base/$(job_id).n$n"
+    while [[ -e "$RUN_DIR" ]]; do RUN_DIR="$base/$(job_id).n$n.$i"; i=$((i + 1)); done
+  fi
+  RUN_DIRS+=("$RUN_DIR")
+  COURSE_FLAGS=()
+  is_example "$SCRIPT" && COURSE_FLAGS=(--num-threads "$OMP_NUM_THREADS" --log-dir "$RUN_DIR")
+  RUN_WHAT="$name on $n rank(s)"
+  echo "# $RUN_WHAT = $(((n + ppn - 1) / ppn)) node(s) x $ppn," \
+       "${OMP_NUM_THREADS:-?} thread(s) per rank, log dir $RUN_DIR"
+  if [[ "${DRY_RUN:-0}" != 1 ]]; then mkdir -p "$RUN_DIR"; fi
+}
+
+refuse_laptop_venv() {
+  [[ "${DRY_RUN:-0}" != 1 ]] || return 0
+  local what path
+  for what in python mpiexec mpirun; do
+    path=$(command -v "$what" 2>/dev/null) || continue
+    [[ "$path" != "$REPO_DIR/.venv/"* ]] ||
+      fail "'$what' is $path: the course's laptop .venv must not be used on $1 (its pip" \
+           "MPICH would shadow the machine's MPI); open a shell without .venv/bin/activate"
+  done
+  [[ "${VIRTUAL_ENV:-}" != "$REPO_DIR/.venv" ]] ||
+    fail "VIRTUAL_ENV is the course's laptop .venv: run 'deactivate'; on $1 use the modules"
+}
+
+# The end of the job: what failed, or the last epoch of each run (speedup and efficiency only
+# against a 1-rank run among them). A failure before any launch has said why already.
+report() {
+  local status=$1
+  if [[ "${DRY_RUN:-0}" != 1 && ${#RUN_DIRS[@]} -gt 0 ]] && is_example "$SCRIPT"; then
+    python - "${RUN_DIRS[@]}" <<'EOF' || true
+import json, os, sys
+rows = []
+for d in sys.argv[1:]:
+    try:
+        with open(os.path.join(d, "metrics.jsonl")) as f:
+            rows.append((d, [json.loads(line) for line in f if line.strip()][-1]))
+    except (OSError, IndexError, ValueError):
+        rows.append((d, None))
+base = next((m["samples_per_s"] for _, m in rows if m and m["world_size"] == 1), None)
+cols = "" if base is None else f" {'speedup':>8} {'efficiency':>10}"
+print(f"{'ranks':>5} {'samples/s':>10}{cols} {'test_acc':>8}  log dir")
+for d, m in rows:
+    if m is None:
+        print(f"{'?':>5} {'-':>10}{' ' * len(cols)} {'-':>8}  {d} (no metrics: see output.log)")
+        continue
+    up = None if base is None else m["samples_per_s"] / base
+    vs = "" if up is None else f" {up:>8.2f} {up / m['world_size']:>10.0%}"
+    print(f"{m['world_size']:>5} {m['samples_per_s']:>10.0f}{vs} {m['test_acc']:>8.4f}  {d}")
+if base is None:
+    print("(speedup and efficiency need a 1-rank run to compare with: scale.sh makes one)")
+EOF
+  fi
+  if ((status != 0)) && [[ -n "${LAUNCHED:-}" ]]; then  # the job's last line says what failed
+    echo "error: $LAUNCHED exited with $status (output in $RUN_DIR/output.log)" >&2
+  fi
+  return "$status"
+}
+trap 'report $?' EXIT

@@ -1,0 +1,66 @@
+#!/bin/bash -l
+#PBS -N train
+#PBS -l select=1:system=polaris
+#PBS -l place=scatter
+#PBS -l walltime=0:30:00
+#PBS -l filesystems=home:eagle
+#PBS -q debug
+#PBS -A YOUR_PROJECT
+#PBS -j oe
+# One training run on every GPU of the job, on Polaris (4 A100 per node, Cray MPICH mpiexec).
+# Written from ALCF's Polaris guide as read on 2026-11-25; not yet run there.
+#
+#   qsub -A <project> submissions/polaris/train.sh                        # DDP on 1 node: 4 ranks
+#   qsub -A <project> -l select=2:system=polaris -v EXAMPLE=deepspeed submissions/polaris/train.sh
+#   qsub -A <project> -v TRAIN_ARGS="--epochs 4" submissions/polaris/train.sh
+#   DRY_RUN=1 bash submissions/polaris/train.sh     # print the commands (inside a job: qsub -I ...)
+# Your own training script: change the SCRIPT= line. Options: submissions/README.md (Polaris).
+
+# PBS runs a copy of this script: the repository is where you ran qsub, or REPO_DIR.
+for REPO_DIR in "${REPO_DIR:-}" "${PBS_O_WORKDIR:-}" "$(dirname "$0")/../.." "$PWD"; do
+  [[ -f "$REPO_DIR/submissions/plumbing.sh" ]] && break
+done
+[[ -f "$REPO_DIR/submissions/plumbing.sh" ]] ||
+  { echo "error: repository not found: qsub from inside it, or set REPO_DIR" >&2; exit 1; }
+# shellcheck source=submissions/plumbing.sh
+source "$REPO_DIR/submissions/plumbing.sh"  # dry run, log folders, end-of-job report
+
+# --- what runs ------------------------------------------------------------------------------------
+EXAMPLE=${EXAMPLE:-ddp}
+SCRIPT=$(example_script "$EXAMPLE")  # your own: SCRIPT=/path/to/train.py
+read -r -a TRAIN_ARGS <<< "${TRAIN_ARGS:-}"  # qsub passes no arguments: -v TRAIN_ARGS="..."
+set -- "${TRAIN_ARGS[@]}" "$@"
+
+# --- environment: PyTorch, TensorFlow, Horovod, DeepSpeed and MPI from ALCF's conda module --------
+step module use /soft/modulefiles
+step module load conda
+step conda activate
+refuse_laptop_venv polaris
+
+# --- ranks: one per GPU ---------------------------------------------------------------------------
+NNODES=$(nodes_in "$PBS_NODEFILE")
+RANKS_PER_NODE=${RANKS_PER_NODE:-4}      # 4 A100 per node
+NRANKS=$((NNODES * RANKS_PER_NODE))
+DEPTH=$((32 / RANKS_PER_NODE))           # the node's 32 cores shared by its ranks: 8 each
+step export OMP_NUM_THREADS="$DEPTH"
+
+# --- NCCL between nodes: ALCF's recommended settings, opt-in (qsub -v POLARIS_NCCL_TUNING=1) ------
+OFI_NCCL=${POLARIS_OFI_NCCL_DIR:-/soft/libraries/aws-ofi-nccl/v1.9.1-aws/lib}
+if [[ "${POLARIS_NCCL_TUNING:-0}" == 1 ]]; then
+  [[ -d "$OFI_NCCL" || "${DRY_RUN:-0}" == 1 ]] ||
+    fail "no aws-ofi-nccl plugin in $OFI_NCCL (set POLARIS_OFI_NCCL_DIR to its lib folder)"
+  step export NCCL_NET_GDR_LEVEL=PHB NCCL_CROSS_NIC=1 NCCL_COLLNET_ENABLE=1 \
+    NCCL_NET="AWS Libfabric" \
+    LD_LIBRARY_PATH="$OFI_NCCL:/soft/libraries/hwloc/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+    FI_CXI_DISABLE_HOST_REGISTER=1 FI_MR_CACHE_MONITOR=userfaultfd FI_CXI_DEFAULT_CQ_SIZE=131072
+fi
+
+# --- launch: all ranks at once (scale.sh: one run at 1, 2, 4, ... ranks each) ---------------------
+RANKS=$(ranks_to_run "$NRANKS")  # all at once; scale.sh: 1 2 4 ...
+for NRANKS in $RANKS; do
+  PPN=$((NRANKS < RANKS_PER_NODE ? NRANKS : RANKS_PER_NODE))
+  new_run polaris "$NRANKS" "$PPN"  # RUN_DIR; COURSE_FLAGS for the examples
+  launch mpiexec -n "$NRANKS" --ppn "$PPN" --depth "$DEPTH" --cpu-bind depth \
+    "$REPO_DIR"/submissions/polaris/set_affinity_gpu_polaris.sh \
+    python "$SCRIPT" "${COURSE_FLAGS[@]}" "$@"
+done

@@ -1,0 +1,283 @@
+"""submissions/{aurora,polaris,sophia}: every script under a simulated PBS at 1 and 2 nodes
+(tests/jobs_support.py).
+
+The dry run prints the plan; the real runs train on CPUs through the launcher's stand-in. Each
+printed launch line must be the one written in the script's text, with its variables' values."""
+
+import pytest
+from support import BIN, ROOT, check, metrics, run
+from jobs_support import (
+    EXAMPLES,
+    LAUNCHER,
+    PBS,
+    QUICK,
+    SUB,
+    expected_launch,
+    job_command,
+    launches,
+    nodes_asked,
+    printed,
+    ranks_per_node,
+    scheduler_env,
+    shim_calls,
+    shim_launches,
+    sweep_points,
+)
+
+# Aurora's --cpu-bind list (ALCF's running-jobs page): 8 cores per rank, cores 0 and 52 left to the
+# system.
+AURORA_LIST = "list:1-8:9-16:17-24:25-32:33-40:41-48:53-60:61-68:69-76:77-84:85-92:93-100"
+AURORA_CCL = [
+    "CCL_PROCESS_LAUNCHER=pmix",
+    "CCL_ATL_TRANSPORT=mpi",
+    "CCL_KVS_MODE=mpi",
+    "FI_MR_CACHE_MONITOR=userfaultfd",
+]
+POLARIS_NCCL = [
+    "NCCL_NET_GDR_LEVEL=PHB",
+    "NCCL_CROSS_NIC=1",
+    "NCCL_COLLNET_ENABLE=1",
+    "NCCL_NET=AWS Libfabric",
+    "FI_CXI_DISABLE_HOST_REGISTER=1",
+    "FI_MR_CACHE_MONITOR=userfaultfd",
+    "FI_CXI_DEFAULT_CQ_SIZE=131072",
+]
+GPUS_PER_NODE = {"aurora": 12, "polaris": 4, "sophia": 8}  # Aurora: GPU tiles
+SETUP = {
+    "aurora": ["module load frameworks"],
+    "polaris": ["module use /soft/modulefiles", "module load conda", "conda activate"],
+    "sophia": ["module use /soft/modulefiles", "module load conda", "conda activate base"],
+}
+
+
+def values(machine, env, rpn):
+    """The variables of a machine's launch line besides the rank counts."""
+    return {
+        "aurora": {"CPU_BIND": AURORA_LIST},
+        "polaris": {"DEPTH": 32 // rpn},
+        "sophia": {"PBS_NODEFILE": env["PBS_NODEFILE"]},
+    }[machine]
+
+
+def exports(stdout):
+    return [word for words in printed(stdout) if words[0] == "export" for word in words[1:]]
+
+
+def job(machine, tmp_path, nodes, stem="train", args=(), **settings):
+    env = scheduler_env(machine, tmp_path, nodes)
+    env.update(settings)
+    return run(
+        [*job_command(SUB / machine / f"{stem}.sh", tmp_path), *args], env=env, timeout=400
+    ), env
+
+
+@pytest.mark.parametrize("nodes", [1, 2])
+@pytest.mark.parametrize("machine", PBS)
+def test_dry_run_plans_every_gpu_with_the_scripts_own_launch_line(tmp_path, machine, nodes):
+    script = SUB / machine / "train.sh"
+    assert ranks_per_node(script) == GPUS_PER_NODE[machine], "one rank per GPU (Aurora: per tile)"
+    result, env = job(machine, tmp_path, nodes, args=["--epochs", "2"], DRY_RUN="1")
+    out = check(result).stdout
+    assert out.splitlines()[0] == "dry run: nothing is executed"
+    commands = [" ".join(words) for words in printed(out)]
+    assert commands[: len(SETUP[machine])] == SETUP[machine], commands
+    total, rpn = nodes * GPUS_PER_NODE[machine], GPUS_PER_NODE[machine]
+    log_dir = tmp_path / "runs" / machine / "ddp" / f"4242.n{total}"
+    (words,) = launches(out, machine)
+    assert words == expected_launch(
+        script, machine, total, rpn, ["--epochs", "2"], log_dir, **values(machine, env, rpn)
+    )
+    assert f"# ddp on {total} rank(s) = {nodes} node(s) x {rpn}," in out
+    if machine == "aurora":  # the guide's oneCCL settings; the connection timeout only across nodes
+        assert set(AURORA_CCL + ["ZE_FLAT_DEVICE_HIERARCHY=FLAT", "OMP_NUM_THREADS=8"]) <= set(
+            exports(out)
+        )
+        assert ("CCL_KVS_CONNECTION_TIMEOUT=300" in exports(out)) == (nodes > 1)
+    if machine == "polaris":  # the NCCL settings are opt-in
+        assert not [e for e in exports(out) if e.startswith(("NCCL_", "FI_"))], out
+    # a plan only: nothing loaded, launched or written
+    assert shim_calls(tmp_path) == [] and not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("machine", PBS)
+def test_sweep_plan_runs_train_sh_at_1_2_4_ranks(tmp_path, machine):
+    script = SUB / machine / "scale.sh"
+    nodes = nodes_asked(script)
+    result, env = job(machine, tmp_path, nodes, stem="scale", DRY_RUN="1", EXAMPLE="deepspeed")
+    out = check(result).stdout
+    rpn = GPUS_PER_NODE[machine]
+    points = sweep_points(nodes * rpn)
+    assert [int(w[w.index("-n") + 1]) for w in launches(out, machine)] == points, out
+    sweep = tmp_path / "runs" / machine / "deepspeed-scale" / "4242"
+    assert launches(out, machine) == [
+        expected_launch(
+            SUB / machine / "train.sh",
+            machine,
+            n,
+            min(n, rpn),
+            (),
+            sweep / f"n{n}",
+            "deepspeed",
+            rpn=rpn,
+            **values(machine, env, rpn),
+        )
+        for n in points
+    ]
+
+
+@pytest.mark.parametrize("machine", PBS)
+def test_dry_run_works_with_the_course_venv_active(tmp_path, machine):
+    """It only prints, so the laptop .venv may be active; a real run refuses it (next test)."""
+    env = scheduler_env(machine, tmp_path, 1)
+    env.update(DRY_RUN="1", VIRTUAL_ENV=str(ROOT / ".venv"), PATH=f"{BIN}:{env['PATH']}")
+    result = run(job_command(SUB / machine / "train.sh", tmp_path), env=env, timeout=60)
+    assert len(launches(check(result).stdout, machine)) == 1
+
+
+@pytest.mark.parametrize(
+    "machine,how",
+    [("aurora", "path"), ("polaris", "path"), ("sophia", "path"), ("polaris", "virtual_env")],
+)
+def test_a_real_run_refuses_the_laptop_venv(tmp_path, machine, how):
+    env = scheduler_env(machine, tmp_path, 1)
+    if how == "path":
+        env["PATH"] = f"{BIN}:{env['PATH']}"
+    else:
+        env["VIRTUAL_ENV"] = str(ROOT / ".venv")
+    result = run(job_command(SUB / machine / "train.sh", tmp_path), env=env, timeout=60)
+    assert result.returncode != 0
+    assert (
+        result.stderr.count("error: ") == 1
+        and ".venv" in result.stderr
+        and f"on {machine}" in result.stderr
+    )
+    assert shim_launches(tmp_path) == [] and not launches(result.stdout, machine)
+
+
+@pytest.mark.parametrize(
+    "example,reason",
+    [
+        ("horovod-pytorch", "Horovod for PyTorch is no longer in Aurora"),
+        ("horovod-tensorflow", "no Intel GPU path"),
+    ],
+)
+def test_aurora_refuses_horovod_with_its_reason(tmp_path, example, reason):
+    for stem, dry in (("train", "1"), ("train", "0"), ("scale", "0")):
+        result, _ = job("aurora", tmp_path, 1, stem=stem, DRY_RUN=dry, EXAMPLE=example)
+        assert result.returncode != 0
+        (line,) = result.stderr.splitlines()
+        assert line.startswith("error: ") and reason in line and "EXAMPLE=ddp" in line
+        assert shim_calls(tmp_path) == [] and not launches(result.stdout, "aurora")
+
+
+def test_bad_example_and_missing_node_file_are_one_line_errors(tmp_path):
+    result, _ = job("polaris", tmp_path, 1, EXAMPLE="tensorflow")
+    assert result.returncode != 0
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("error: EXAMPLE must be one of: ") and all(
+        name in line for name in EXAMPLES
+    )
+    result, _ = job("polaris", tmp_path, 1, PBS_NODEFILE="", DRY_RUN="1")
+    assert result.returncode != 0 and result.stderr.splitlines() == [
+        "error: node file '' missing: run this inside a job (or qsub -I)"
+    ]
+    result, _ = job("polaris", tmp_path, 1, stem="scale", DRY_RUN="1", SWEEP_RANKS="1 8")
+    assert result.returncode != 0 and result.stderr.splitlines() == [
+        "error: SWEEP_RANKS: '8' is not between 1 and the 4 ranks of this job"
+    ]
+
+
+def test_polaris_nccl_settings_when_asked(tmp_path):
+    result, _ = job(
+        "polaris", tmp_path, 2, DRY_RUN="1", POLARIS_NCCL_TUNING="1", LD_LIBRARY_PATH="/opt/x/lib"
+    )
+    got = exports(check(result).stdout)
+    assert set(POLARIS_NCCL) <= set(got), got
+    assert (
+        "LD_LIBRARY_PATH=/soft/libraries/aws-ofi-nccl/v1.9.1-aws/lib:"
+        "/soft/libraries/hwloc/lib:/opt/x/lib" in got
+    )
+    result, _ = job(
+        "polaris", tmp_path, 1, POLARIS_NCCL_TUNING="1", POLARIS_OFI_NCCL_DIR=str(tmp_path / "none")
+    )
+    assert result.returncode != 0
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("error: no aws-ofi-nccl plugin in ") and str(tmp_path / "none") in line
+    assert shim_launches(tmp_path) == []
+
+
+# --- real runs: 2 ranks on CPUs, one node x 2 or two nodes x 1 ------------------------------------
+RUNS = [
+    pytest.param(machine, nodes, "ddp", id=f"{machine}-{nodes}node")
+    for machine in PBS
+    for nodes in (1, 2)
+]
+RUNS += [
+    pytest.param("polaris", 1, example, id=f"polaris-1node-{example}")
+    for example in ("horovod-pytorch", "horovod-tensorflow", "deepspeed")
+]
+
+
+@pytest.mark.parametrize("machine,nodes,example", RUNS)
+def test_train_sh_runs_as_pbs_would_run_it(tmp_path, machine, nodes, example):
+    rpn = 2 // nodes
+    # qsub passes no arguments: the flags go in TRAIN_ARGS, as `qsub -v TRAIN_ARGS=...` would set
+    # them
+    result, env = job(
+        machine,
+        tmp_path,
+        nodes,
+        EXAMPLE=example,
+        RANKS_PER_NODE=str(rpn),
+        TRAIN_ARGS=" ".join(QUICK),
+    )
+    out = check(result).stdout
+    log_dir = tmp_path / "runs" / machine / example / "4242.n2"
+    history = metrics(log_dir)
+    assert [(m["epoch"], m["world_size"]) for m in history] == [(1, 2)], history
+    assert (log_dir / "output.log").read_text().count("epoch") >= 1
+    # the launch line printed and the one the launcher got: the script's own text
+    expected = expected_launch(
+        SUB / machine / "train.sh",
+        machine,
+        2,
+        rpn,
+        QUICK,
+        log_dir,
+        example,
+        **values(machine, env, rpn),
+    )
+    assert launches(out, machine) == [expected]
+    assert shim_launches(tmp_path) == [expected]
+    calls = [c for c in shim_calls(tmp_path) if not c.startswith("[")]
+    assert calls == SETUP[machine], calls
+    # the end-of-job report: one run, so no speedup made up against itself
+    assert any(
+        line.split()[:2] == ["ranks", "samples/s"] and "speedup" not in line
+        for line in out.splitlines()
+    )
+
+
+def test_polaris_sweep_runs_across_two_nodes(tmp_path):
+    result, _ = job(
+        "polaris", tmp_path, 2, stem="scale", RANKS_PER_NODE="1", TRAIN_ARGS=" ".join(QUICK)
+    )
+    out = check(result).stdout
+    sweep = tmp_path / "runs" / "polaris" / "ddp-scale" / "4242"
+    assert sorted(p.name for p in sweep.iterdir()) == ["n1", "n2"]
+    for n in (1, 2):
+        assert [m["world_size"] for m in metrics(sweep / f"n{n}")] == [n]
+    assert [int(c[c.index("-n") + 1]) for c in shim_launches(tmp_path)] == [1, 2]
+    header = next(line for line in out.splitlines() if line.split()[:2] == ["ranks", "samples/s"])
+    assert header.split()[2:4] == ["speedup", "efficiency"], header
+
+
+def test_a_failed_launch_ends_with_one_error_line(tmp_path):
+    result, _ = job(
+        "sophia", tmp_path, 1, RANKS_PER_NODE="1", TRAIN_ARGS="--epochs 1 --no-such-flag"
+    )
+    assert result.returncode != 0
+    last = result.stderr.rstrip().splitlines()[-1]
+    assert last.startswith("error: ddp on 1 rank(s) exited with 2 (output in "), result.stderr
+    assert "Traceback" not in result.stderr
+    assert LAUNCHER["sophia"] == shim_launches(tmp_path)[0][0]
