@@ -12,7 +12,7 @@ all_gather (N-1)/N, broadcast 1): what one link carries, comparable across N.
 
 Then the ring model of the front README, t = 2(N-1)·alpha + 2(N-1)/N · S/beta, is fitted to the all_reduce
 times (least squares on relative error), and checked against a measured all-reduce of DDP's gradients (the
-course's CNN, 4.8 MB) split into DDP's buckets (1 MB first, then 25 MB).
+course's CNN, 4.8 MB) and against the buckets DDP really forms for it.
 Rank 0 prints the table and writes collectives.json and collectives.png into --out (default
 runs/collectives-<time>).
 """
@@ -33,7 +33,6 @@ utils.course_output()
 OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
 BUS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "reduce_scatter": lambda n: (n - 1) / n,
               "all_gather": lambda n: (n - 1) / n, "broadcast": lambda n: 1.0}
-FIRST_BUCKET, BUCKET = 1 * 2 ** 20, 25 * 2 ** 20  # DDP's bucket_cap_mb: its first bucket, then the rest
 
 
 def size(text):
@@ -183,13 +182,26 @@ def ddp_gradient_bytes():
     return sum(p.numel() for p in Net().parameters()) * 4
 
 
-def ddp_buckets(nbytes):
-    """DDP's buckets for `nbytes` of float32 gradients: the first 1 MB, then up to 25 MB each."""
-    sizes, left = [min(nbytes, FIRST_BUCKET)], nbytes - min(nbytes, FIRST_BUCKET)
-    while left > 0:
-        sizes.append(min(left, BUCKET))
-        left -= sizes[-1]
-    return sizes
+def ddp_bucket_bytes(bucket_cap_mb=None):
+    """The sizes of the buckets DDP all-reduces for the course's CNN, as it really forms them: counted by a
+    hook over two small steps (the first step has one bucket; DDP then rebuilds them in the order the
+    gradients became ready, the first up to 1 MB unless bucket_cap_mb is given). Needs the process group."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.nn.parallel import DistributedDataParallel
+    from utils.torch_utils import Net
+    model = DistributedDataParallel(Net(), bucket_cap_mb=bucket_cap_mb)
+    sizes = []
+
+    def counting(state, bucket):
+        sizes.append(bucket.buffer().numel() * bucket.buffer().element_size())
+        return default_hooks.allreduce_hook(state, bucket)
+    model.register_comm_hook(dist.group.WORLD, counting)
+    for _ in range(2):
+        sizes.clear()
+        model(torch.zeros(2, 1, 28, 28)).sum().backward()
+    return list(sizes)
 
 
 def figure(result, path):
@@ -261,7 +273,7 @@ def main():
     if len(reduce_rows) >= 2:
         alpha, beta = fit_ring(reduce_rows, n)
         grads = ddp_gradient_bytes()
-        buckets = ddp_buckets(grads)
+        buckets = ddp_bucket_bytes() if isinstance(lib, Torch) else [grads]  # Horovod: one fused buffer
         predicted_one = ring_time(grads, n, alpha, beta)
         predicted_ddp = sum(ring_time(b, n, alpha, beta) for b in buckets)
         measured_one = time_op(lib, "all_reduce", grads, iterations(grads), args.repeats)
