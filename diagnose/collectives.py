@@ -6,8 +6,8 @@
     torchrun --nproc_per_node 2 diagnose/collectives.py --out assets    (the figure into assets/)
 
 Sizes are the whole buffer S as nccl-tests counts it (all_reduce and broadcast: the buffer; reduce_scatter:
-its input; all_gather: its output). Per size: the median of --repeats timed loops of --iters calls, each
-loop's time the slowest rank's. algbw = S / t; busbw = algbw x (all_reduce 2(N-1)/N, reduce_scatter and
+its input; all_gather: its output). Per size: the median of --repeats rounds, each round timing a loop of
+calls for every size in turn (the slowest rank's time). algbw = S / t; busbw = algbw x (all_reduce 2(N-1)/N, reduce_scatter and
 all_gather (N-1)/N, broadcast 1): what one link carries, comparable across N.
 
 Then the ring model of the front README, t = 2(N-1)·alpha + 2(N-1)/N · S/beta, is fitted to the all_reduce
@@ -138,18 +138,22 @@ class Horovod:
         self.hvd.shutdown()
 
 
-def time_op(lib, op, nbytes, iters, repeats):
-    """Median over `repeats` of (the slowest rank's time for `iters` calls) / iters, in seconds."""
-    a, b = lib.buffers(op, nbytes)
-    lib.call(op, a, b)  # the first call sets up the pair's connections and buffers
-    times = []
+def sweep(lib, cases, repeats):
+    """{(op, bytes): seconds per call}: the median over `repeats` rounds of the slowest rank's time for a loop
+    of calls. Each round visits every case once, so a drift in a shared machine's speed hits all sizes alike
+    instead of the ones measured during it."""
+    times = {case: [] for case in cases}
     for _ in range(repeats):
-        lib.barrier()
-        start = time.perf_counter()
-        for _ in range(iters):
-            lib.call(op, a, b)
-        times.append(lib.max_over_ranks((time.perf_counter() - start) / iters))
-    return statistics.median(times)
+        for op, nbytes in cases:
+            a, b = lib.buffers(op, nbytes)
+            lib.call(op, a, b)  # untimed: connections, buffers and pages set up
+            iters = iterations(nbytes)
+            lib.barrier()
+            start = time.perf_counter()
+            for _ in range(iters):
+                lib.call(op, a, b)
+            times[op, nbytes].append(lib.max_over_ranks((time.perf_counter() - start) / iters))
+    return {case: statistics.median(t) for case, t in times.items()}
 
 
 def iterations(nbytes):
@@ -256,28 +260,31 @@ def main():
     while s <= args.max_size:
         sizes.append(s)
         s *= args.factor
-    say(f"{lib.name}, {n} ranks; S = the whole buffer (nccl-tests' size); median of {args.repeats} loops")
+    say(f"{lib.name}, {n} ranks; S = the whole buffer (nccl-tests' size); median of {args.repeats} rounds")
     say(f"{'op':<15}{'size':>9}{'time':>11}{'algbw GB/s':>12}{'busbw GB/s':>12}")
+    grads = ddp_gradient_bytes()
+    buckets = ddp_bucket_bytes() if isinstance(lib, Torch) else [grads]  # Horovod: one fused buffer
+    probes = [("all_reduce", grads)] + [("all_reduce", b) for b in buckets if b != grads]  # not in the fit
+    probes = probes if "all_reduce" in args.ops else []
+    cases = [(op, nbytes) for op in args.ops for nbytes in sizes]
+    measured = sweep(lib, cases + [c for c in probes if c not in cases], args.repeats)
     rows = []
-    for op in args.ops:
-        for nbytes in sizes:
-            t = time_op(lib, op, nbytes, iterations(nbytes), args.repeats)
-            algbw = nbytes / t / 1e9
-            row = dict(op=op, bytes=nbytes, time_s=t, algbw_GBps=algbw, busbw_GBps=algbw * BUS_FACTOR[op](n))
-            rows.append(row)
-            say(f"{op:<15}{human(nbytes):>9}{1e3 * t:>9.3f}ms{algbw:>12.3f}{row['busbw_GBps']:>12.3f}")
+    for op, nbytes in cases:
+        t = measured[op, nbytes]
+        algbw = nbytes / t / 1e9
+        row = dict(op=op, bytes=nbytes, time_s=t, algbw_GBps=algbw, busbw_GBps=algbw * BUS_FACTOR[op](n))
+        rows.append(row)
+        say(f"{op:<15}{human(nbytes):>9}{1e3 * t:>9.3f}ms{algbw:>12.3f}{row['busbw_GBps']:>12.3f}")
 
     result = dict(library=lib.name, world_size=n, ops=args.ops, rows=rows, machine=args.machine,
                   date=time.strftime("%Y-%m-%d"))
     reduce_rows = [(r["bytes"], r["time_s"]) for r in rows if r["op"] == "all_reduce"]
     if len(reduce_rows) >= 2:
         alpha, beta = fit_ring(reduce_rows, n)
-        grads = ddp_gradient_bytes()
-        buckets = ddp_bucket_bytes() if isinstance(lib, Torch) else [grads]  # Horovod: one fused buffer
         predicted_one = ring_time(grads, n, alpha, beta)
         predicted_ddp = sum(ring_time(b, n, alpha, beta) for b in buckets)
-        measured_one = time_op(lib, "all_reduce", grads, iterations(grads), args.repeats)
-        measured_ddp = sum(time_op(lib, "all_reduce", b, iterations(b), args.repeats) for b in buckets)
+        measured_one = measured["all_reduce", grads]
+        measured_ddp = sum(measured["all_reduce", b] for b in buckets)
         result["fit"] = dict(alpha_s=alpha, beta_Bps=beta, ddp_gradient_bytes=grads, ddp_buckets=buckets,
                              predicted_s=predicted_one, measured_s=measured_one,
                              predicted_ddp_buckets_s=predicted_ddp, measured_ddp_buckets_s=measured_ddp)

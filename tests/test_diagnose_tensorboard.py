@@ -1,9 +1,11 @@
 """TensorBoard by default: every training lesson's run leaves event files in its --log-dir holding each epoch's
 scalars and the logged steps' losses, read back here with the tensorboard package's own reader; and
 COURSE_TENSORBOARD=0 leaves none."""
+import sys
+
 import pytest
 
-from conftest import check, deepspeed_launcher, horovodrun, metrics, mpiexec, run, torchrun
+from conftest import ROOT, check, deepspeed_launcher, horovodrun, metrics, mpiexec, run, torchrun
 
 QUICK = ["--epochs", "2", "--max-steps", "4", "--log-interval", "2"]
 EPOCH_TAGS = {"epoch/train_loss", "epoch/train_acc", "epoch/test_loss", "epoch/test_acc", "epoch/lr",
@@ -51,3 +53,14 @@ def test_course_tensorboard_0_writes_no_event_files(tmp_path):
     check(run([*torchrun(2, "DDP/main.py", "--epochs", "1", "--max-steps", "2"), "--log-dir", tmp_path],
               env={"COURSE_TENSORBOARD": "0"}, timeout=240))
     assert metrics(tmp_path) and not list(tmp_path.glob("events.out.tfevents.*"))
+
+
+def test_writing_events_does_not_load_tensorflow(tmp_path):
+    """The writer frames tensorboard's Event protobuf itself: tensorboard's own event writer imports
+    TensorFlow where it is installed, which every PyTorch lesson would then pay for."""
+    code = ("import sys; sys.path.append(sys.argv[1]); from utils import log; log.Board.open(sys.argv[2], True); "
+            "log.Board.step(1, 0.5); log.Board.close(); print('tensorflow' in sys.modules)")
+    result = check(run([sys.executable, "-c", code, ROOT, tmp_path], timeout=120))
+    assert result.stdout.strip() == "False"
+    files, found = scalars(tmp_path)  # and TensorBoard reads the record back, checksums and all
+    assert found == {"step/train_loss": {1: 0.5}}

@@ -6,6 +6,7 @@ produces one log, not 512.
 import atexit
 import json
 import os
+import socket
 import sys
 import tempfile
 import time
@@ -191,16 +192,41 @@ class Progress:
             print("\r" + " " * 80 + "\r", end="", flush=True)
 
 
+def _crc32c_table():
+    table = []
+    for n in range(256):
+        c = n
+        for _ in range(8):
+            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+        table.append(c)
+    return table
+
+
+_CRC32C = _crc32c_table()
+
+
+def _masked_crc32c(data):
+    """The checksum TFRecord files carry (CRC-32C, rotated and offset as TensorFlow's record writer does)."""
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc = _CRC32C[(crc ^ byte) & 0xFF] ^ (crc >> 8)
+    crc ^= 0xFFFFFFFF
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
 class Board:
-    """TensorBoard event files in the run's log dir, written with the tensorboard package's own event writer
-    (the one torch.utils.tensorboard uses), so PyTorch and TensorFlow lessons write the same files without
-    importing each other. Per epoch: epoch/* (losses, accuracies, lr, samples/s, seconds), x = the epoch;
-    per logged step (--log-interval): step/train_loss, x = steps since the start of the run. Written by the
-    rank that writes the run's files, and for the step losses by the rank that prints them (the last pipeline
-    stage). `tensorboard --logdir runs` shows every run side by side. COURSE_TENSORBOARD=0 turns it off."""
+    """TensorBoard event files in the run's log dir. Per epoch: epoch/* (losses, accuracies, lr, samples/s,
+    seconds), x = the epoch; per logged step (--log-interval): step/train_loss, x = steps since the start of
+    the run. Written by the rank that writes the run's files, and for the step losses by the rank that prints
+    them (the last pipeline stage). `tensorboard --logdir runs` shows every run side by side.
+    COURSE_TENSORBOARD=0 turns it off.
+
+    The records are written here (TFRecord framing around tensorboard's Event protobuf), not with tensorboard's
+    or torch's SummaryWriter: their event writer imports TensorFlow when it is installed, which would load
+    TensorFlow into every PyTorch lesson (tens of seconds on a busy machine)."""
 
     _dir = None
-    _writer = None
+    _file = None
     EPOCH_KEYS = ("train_loss", "train_acc", "test_loss", "test_acc", "lr", "samples_per_s", "epoch_time_s")
 
     @staticmethod
@@ -213,13 +239,19 @@ class Board:
         cls._dir = log_dir if cls.enabled() else None
 
     @classmethod
+    def _write(cls, event):
+        data = event.SerializeToString()
+        header = len(data).to_bytes(8, "little")
+        cls._file.write(header + _masked_crc32c(header).to_bytes(4, "little") + data
+                        + _masked_crc32c(data).to_bytes(4, "little"))
+
+    @classmethod
     def _scalars(cls, step, values):
         if cls._dir is None:
             return
-        if cls._writer is None:
+        if cls._file is None:
             try:
                 from tensorboard.compat.proto import event_pb2, summary_pb2
-                from tensorboard.summary.writer.event_file_writer import EventFileWriter
             except ImportError:
                 info("tensorboard is not installed: no event files (pip install tensorboard, or "
                      "COURSE_TENSORBOARD=0 to silence this)")
@@ -227,18 +259,20 @@ class Board:
                 return
             cls._proto = (event_pb2, summary_pb2)
             os.makedirs(cls._dir, exist_ok=True)
-            cls._writer = EventFileWriter(cls._dir)
+            name = f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}.{os.getpid()}.0"
+            cls._file = open(os.path.join(cls._dir, name), "ab")
+            cls._write(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2"))
             atexit.register(cls.close)  # a run that stops early still leaves its last steps on disk
         event_pb2, summary_pb2 = cls._proto
         summary = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=tag, simple_value=float(v))
                                              for tag, v in values.items()])
-        cls._writer.add_event(event_pb2.Event(wall_time=time.time(), step=int(step), summary=summary))
+        cls._write(event_pb2.Event(wall_time=time.time(), step=int(step), summary=summary))
 
     @classmethod
     def epoch(cls, metrics):
         cls._scalars(metrics["epoch"], {f"epoch/{k}": metrics[k] for k in cls.EPOCH_KEYS if k in metrics})
-        if cls._writer is not None:
-            cls._writer.flush()  # an epoch is visible in TensorBoard as soon as it is printed
+        if cls._file is not None:
+            cls._file.flush()  # an epoch is visible in TensorBoard as soon as it is printed
 
     @classmethod
     def step(cls, global_step, loss):
@@ -246,6 +280,6 @@ class Board:
 
     @classmethod
     def close(cls):
-        if cls._writer is not None:
-            cls._writer.close()
-        cls._writer = None
+        if cls._file is not None:
+            cls._file.close()
+        cls._file = None
