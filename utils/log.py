@@ -3,8 +3,10 @@
 Every rank computes the same averaged metrics; only rank 0 prints and writes them, so a 512-rank job
 produces one log, not 512.
 """
+import atexit
 import json
 import os
+import socket
 import sys
 import tempfile
 import time
@@ -94,7 +96,8 @@ def write_json(path, obj):
 
 
 class RunLog:
-    """config.json, metrics.jsonl (one line per epoch) and summary.json in --log-dir, written by rank 0."""
+    """config.json, metrics.jsonl (one line per epoch) and summary.json in --log-dir, written by rank 0, and
+    TensorBoard's event files beside them (see Board; COURSE_TENSORBOARD=0 turns them off)."""
 
     def __init__(self, log_dir, is_main):
         self.dir = log_dir
@@ -103,6 +106,7 @@ class RunLog:
         self.history = []
         if is_main:
             os.makedirs(log_dir, exist_ok=True)
+        Board.open(log_dir, is_main)
 
     def write_config(self, args, env, framework, extra=None):
         if self.is_main:
@@ -124,6 +128,7 @@ class RunLog:
         if self.is_main:
             # Rewritten whole and renamed, so a kill never leaves half a line behind.
             atomic_write(self.metrics_path, lambda f: f.writelines(json.dumps(m) + "\n" for m in self.history))
+            Board.epoch(metrics)
         info(format_epoch(metrics))
 
     def epoch_end(self, epoch, sums, lr, epoch_time_s, train_time_s, env, framework):
@@ -141,6 +146,7 @@ class RunLog:
         summary = dict(last, **extra)
         if self.is_main:
             write_json(os.path.join(self.dir, "summary.json"), summary)
+        Board.close()
         info(format_summary(summary, self.dir))
         return summary
 
@@ -172,6 +178,8 @@ class Progress:
     def update(self, step, loss):
         if not self.enabled:
             return
+        if (step % self.interval == 0 or step == self.total) and loss is not None:
+            Board.step((self.epoch - 1) * self.total + step, loss)
         if self.bar:
             done = int(30 * step / max(1, self.total))
             print(f"\repoch {self.epoch} [{'#' * done}{'.' * (30 - done)}] {step}/{self.total} loss {loss:.4f}",
@@ -182,3 +190,96 @@ class Progress:
     def close(self):
         if self.bar:
             print("\r" + " " * 80 + "\r", end="", flush=True)
+
+
+def _crc32c_table():
+    table = []
+    for n in range(256):
+        c = n
+        for _ in range(8):
+            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+        table.append(c)
+    return table
+
+
+_CRC32C = _crc32c_table()
+
+
+def _masked_crc32c(data):
+    """The checksum TFRecord files carry (CRC-32C, rotated and offset as TensorFlow's record writer does)."""
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc = _CRC32C[(crc ^ byte) & 0xFF] ^ (crc >> 8)
+    crc ^= 0xFFFFFFFF
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+class Board:
+    """TensorBoard event files in the run's log dir. Per epoch: epoch/* (losses, accuracies, lr, samples/s,
+    seconds), x = the epoch; per logged step (--log-interval): step/train_loss, x = steps since the start of
+    the run. Written by the rank that writes the run's files, and for the step losses by the rank that prints
+    them (the last pipeline stage). `tensorboard --logdir runs` shows every run side by side.
+    COURSE_TENSORBOARD=0 turns it off.
+
+    The records are written here (TFRecord framing around tensorboard's Event protobuf), not with tensorboard's
+    or torch's SummaryWriter: their event writer imports TensorFlow when it is installed, which would load
+    TensorFlow into every PyTorch lesson (tens of seconds on a busy machine)."""
+
+    _dir = None
+    _file = None
+    EPOCH_KEYS = ("train_loss", "train_acc", "test_loss", "test_acc", "lr", "samples_per_s", "epoch_time_s")
+
+    @staticmethod
+    def enabled():
+        return os.environ.get("COURSE_TENSORBOARD", "1").strip().lower() not in ("0", "off", "false", "no")
+
+    @classmethod
+    def open(cls, log_dir, is_main):
+        cls.close()
+        cls._dir = log_dir if cls.enabled() else None
+
+    @classmethod
+    def _write(cls, event):
+        data = event.SerializeToString()
+        header = len(data).to_bytes(8, "little")
+        cls._file.write(header + _masked_crc32c(header).to_bytes(4, "little") + data
+                        + _masked_crc32c(data).to_bytes(4, "little"))
+
+    @classmethod
+    def _scalars(cls, step, values):
+        if cls._dir is None:
+            return
+        if cls._file is None:
+            try:
+                from tensorboard.compat.proto import event_pb2, summary_pb2
+            except ImportError:
+                info("tensorboard is not installed: no event files (pip install tensorboard, or "
+                     "COURSE_TENSORBOARD=0 to silence this)")
+                cls._dir = None
+                return
+            cls._proto = (event_pb2, summary_pb2)
+            os.makedirs(cls._dir, exist_ok=True)
+            name = f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}.{os.getpid()}.0"
+            cls._file = open(os.path.join(cls._dir, name), "ab")
+            cls._write(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2"))
+            atexit.register(cls.close)  # a run that stops early still leaves its last steps on disk
+        event_pb2, summary_pb2 = cls._proto
+        summary = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=tag, simple_value=float(v))
+                                             for tag, v in values.items()])
+        cls._write(event_pb2.Event(wall_time=time.time(), step=int(step), summary=summary))
+
+    @classmethod
+    def epoch(cls, metrics):
+        cls._scalars(metrics["epoch"], {f"epoch/{k}": metrics[k] for k in cls.EPOCH_KEYS if k in metrics})
+        if cls._file is not None:
+            cls._file.flush()  # an epoch is visible in TensorBoard as soon as it is printed
+
+    @classmethod
+    def step(cls, global_step, loss):
+        cls._scalars(global_step, {"step/train_loss": loss})
+
+    @classmethod
+    def close(cls):
+        if cls._file is not None:
+            cls._file.close()
+        cls._file = None

@@ -1,0 +1,257 @@
+"""Read the per-rank traces of diagnose/profile_ranks.py: where each rank's step goes.
+
+    python diagnose/profile_ranks.py summary DIR [--json FILE] [--no-mfu]
+
+Per step (ProfilerStep#N on the rank's main thread), the step's time is split into:
+  compute  the main thread runs operators (and a --slow-rank's injected delay: slow work);
+  comm     the main thread is inside a collective call (c10d::*, gloo, nccl, Horovod);
+  wait     the main thread is inside backward, Horovod's synchronize or the optimizer step but runs
+           nothing:
+           it waits for the other ranks' gradients (DDP's last bucket, Horovod's all-reduces);
+  other    the rest: Python between operators, indexing the batch, the loss's .item().
+`overlap` is how much of the step a background thread spent in a collective (gloo's threads):
+communication hidden behind compute, or compute slowed by it on a machine with no core to spare.
+"""
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+COMM_MARKS = ("c10d::", "gloo", "nccl", "xccl", "horovod", "mpi")
+WAIT_PHASES = ("phase:backward", "phase:wait", "phase:optimizer")
+
+
+def union(intervals):
+    """Total length of the union of (start, end) intervals."""
+    total, end = 0.0, None
+    for a, b in sorted(intervals):
+        if end is None or a > end:
+            total += b - a
+            end = b
+        elif b > end:
+            total += b - end
+            end = b
+    return total
+
+
+def clip(intervals, a, b):
+    return [(max(x, a), min(y, b)) for x, y in intervals if y > a and x < b]
+
+
+def covered_within(intervals, windows):
+    """Length of union(intervals) that lies inside union(windows)."""
+    total = 0.0
+    for a, b in merge(windows):
+        total += union(clip(intervals, a, b))
+    return total
+
+
+def merge(intervals):
+    out = []
+    for a, b in sorted(intervals):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [tuple(x) for x in out]
+
+
+def is_comm(name):
+    low = name.lower()
+    return any(mark in low for mark in COMM_MARKS)
+
+
+def split_steps(trace):
+    """One dict per recorded step: step, compute, comm, wait, other, overlap (seconds)."""
+    events = [e for e in trace["traceEvents"] if e.get("ph") == "X" and "dur" in e]
+    steps = [e for e in events if e["name"].startswith("ProfilerStep#")]
+    if not steps:
+        return []
+    main = steps[0]["tid"]
+    span = lambda e: (float(e["ts"]), float(e["ts"]) + float(e["dur"]))  # noqa: E731
+    ops = [span(e) for e in events if e["tid"] == main and e.get("cat") == "cpu_op"]
+    slow = [span(e) for e in events if e["tid"] == main and e["name"] == "straggler"]
+    comm = [
+        span(e)
+        for e in events
+        if e["tid"] == main and e.get("cat") == "cpu_op" and is_comm(e["name"])
+    ]
+    waits = [span(e) for e in events if e["tid"] == main and e["name"] in WAIT_PHASES]
+    background = [span(e) for e in events if e["tid"] != main and is_comm(e["name"])]
+    backward = [
+        float(e["ts"]) for e in events if e["tid"] == main and e["name"] == "phase:backward"
+    ]
+    rows = []
+    for s in sorted(steps, key=lambda e: e["ts"]):
+        a, b = span(s)
+        if not any(a <= t < b for t in backward):
+            continue  # evaluation and logging between epochs, or the run's end: not a training step
+        step_comm = clip(comm, a, b)
+        busy = clip(ops + slow, a, b)
+        t_comm = union(step_comm)
+        t_busy = union(busy)
+        t_wait = union(clip(waits, a, b)) - covered_within(busy, clip(waits, a, b))
+        row = dict(
+            step=(b - a),
+            compute=t_busy - t_comm,
+            comm=t_comm,
+            wait=t_wait,
+            overlap=union(clip(background, a, b)),
+        )
+        row["other"] = row["step"] - row["compute"] - row["comm"] - row["wait"]
+        rows.append({k: v / 1e6 for k, v in row.items()})  # the trace's microseconds to seconds
+    return rows
+
+
+def load(folder):
+    """{rank: (meta, rows)} for every rank<R>.trace.json in folder."""
+    out = {}
+    for path in sorted(Path(folder).glob("rank*.trace.json")):
+        rank = int(path.name[4:].split(".")[0])
+        meta_path = path.with_name(f"rank{rank}.meta.json")
+        meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+        out[rank] = (meta, split_steps(json.loads(path.read_text())))
+    return out
+
+
+def rank_table(ranks):
+    """Per rank: steps, min/median/max step time, median compute/comm/wait/other, and the median
+    over the steps of the share of the step spent waiting (a median: one step stalled by the
+    machine does not decide it)."""
+    table = []
+    for rank, (meta, rows) in sorted(ranks.items()):
+        if not rows:
+            continue
+        step = [r["step"] for r in rows]
+        table.append(
+            dict(
+                rank=rank,
+                steps=len(rows),
+                step_min=min(step),
+                step_median=statistics.median(step),
+                step_max=max(step),
+                **{
+                    k: statistics.median(r[k] for r in rows)
+                    for k in ("compute", "comm", "wait", "other", "overlap")
+                },
+                wait_fraction=statistics.median(r["wait"] / r["step"] for r in rows),
+                slow_ms=meta.get("slow_ms") if meta.get("slow_rank") == rank else 0,
+            )
+        )
+    return table
+
+
+def format_table(table):
+    head = (
+        f"{'rank':>4} {'steps':>5} {'step ms min/med/max':>21} {'compute':>8} {'comm':>6} "
+        f"{'wait':>6} "
+        f"{'other':>6} {'overlap':>8} {'wait %':>7}"
+    )
+    lines = [head, "-" * len(head)]
+    for t in table:
+        ms = lambda x: f"{1000 * x:.1f}"  # noqa: E731
+        mark = f"  <- slowed {t['slow_ms']:g} ms/step" if t["slow_ms"] else ""
+        lines.append(
+            f"{t['rank']:>4} {t['steps']:>5} {ms(t['step_min']):>6}/{ms(t['step_median']):>6}/"
+            f"{ms(t['step_max']):>7} {ms(t['compute']):>8} {ms(t['comm']):>6} {ms(t['wait']):>6} "
+            f"{ms(t['other']):>6} {ms(t['overlap']):>8} {100 * t['wait_fraction']:>6.1f}%{mark}"
+        )
+    lines.append(
+        "(medians over the recorded steps, in ms; wait % = the median step's share of waiting)"
+    )
+    return "\n".join(lines)
+
+
+def flops_per_sample(batch):
+    """Forward + backward FLOPs of one sample of the course's CNN (utils.torch_utils.Net), counted
+    by torch.utils.flop_counter at the batch the lesson ran."""
+    import torch
+    import torch.nn.functional as F
+    from torch.utils.flop_counter import FlopCounterMode
+
+    sys.path.append(str(Path(__file__).resolve().parents[1]))
+    from utils.torch_utils import Net
+
+    model = Net()
+    x, y = torch.randn(batch, 1, 28, 28), torch.randint(0, 10, (batch,))
+    with FlopCounterMode(display=False) as counter:
+        F.nll_loss(model(x), y).backward()
+    return counter.get_total_flops() / batch
+
+
+def matmul_peak(threads, n=1024, seconds=1.0):
+    """This machine's measured FP32 matmul rate (FLOP/s) with `threads` threads: the best of
+    repeated n x n products for about `seconds`."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    best, end = 0.0, time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        t = time.perf_counter()
+        a @ b
+        best = max(best, 2 * n**3 / (time.perf_counter() - t))
+    torch.set_num_threads(before)
+    return best
+
+
+def mfu(ranks, table):
+    """Model FLOP utilisation: FLOPs per sample x global samples/s, over the measured matmul peak of
+    the cores the ranks use (one rank's threads, times the ranks)."""
+    meta = next(iter(ranks.values()))[0]
+    if not meta.get("batch") or meta.get("framework") not in ("ddp", "horovod", "deepspeed"):
+        return None
+    world = meta.get("world_size", len(ranks))
+    threads = meta.get("threads", 1)
+    step = max(
+        t["step_median"] for t in table
+    )  # the ranks move together: the slowest sets the pace
+    samples_per_s = world * meta["batch"] / step
+    per_sample = flops_per_sample(meta["batch"])
+    peak = matmul_peak(threads) * world
+    return dict(
+        flops_per_sample=per_sample,
+        samples_per_s=samples_per_s,
+        achieved=per_sample * samples_per_s,
+        peak=peak,
+        mfu=per_sample * samples_per_s / peak,
+        world_size=world,
+        threads_per_rank=threads,
+    )
+
+
+def format_mfu(m):
+    return (
+        f"MFU: {m['flops_per_sample'] / 1e6:.1f} MFLOP/sample x {m['samples_per_s']:.0f} "
+        f"samples/s = {m['achieved'] / 1e9:.2f} GFLOP/s against a measured matmul peak of "
+        f"{m['peak'] / 1e9:.1f} GFLOP/s "
+        f"({m['world_size']} rank(s) x {m['threads_per_rank']} thread(s)): {100 * m['mfu']:.1f}%"
+    )
+
+
+def main(argv):
+    p = argparse.ArgumentParser(prog="diagnose/profile_ranks.py summary")
+    p.add_argument("folder", help="the --out folder of a profiled run")
+    p.add_argument("--json", help="also write the table (and MFU) here")
+    p.add_argument("--no-mfu", action="store_true", help="skip the FLOP count and the matmul peak")
+    args = p.parse_args(argv)
+    ranks = load(args.folder)
+    table = rank_table(ranks)
+    if not table:
+        print(f"error: no rank*.trace.json with recorded steps in {args.folder}", file=sys.stderr)
+        return 2
+    print(format_table(table))
+    result = dict(ranks=table)
+    if not args.no_mfu:
+        m = mfu(ranks, table)
+        if m:
+            print(format_mfu(m))
+            result["mfu"] = m
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    return 0

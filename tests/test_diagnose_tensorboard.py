@@ -1,0 +1,97 @@
+"""TensorBoard by default: every training lesson's run leaves event files in its --log-dir holding
+each epoch's scalars and the logged steps' losses, read back here with the tensorboard package's own
+reader; and COURSE_TENSORBOARD=0 leaves none."""
+
+import sys
+
+import pytest
+
+from conftest import ROOT, check, deepspeed_launcher, horovodrun, metrics, mpiexec, run, torchrun
+
+QUICK = ["--epochs", "2", "--max-steps", "4", "--log-interval", "2"]
+EPOCH_TAGS = {
+    "epoch/train_loss",
+    "epoch/train_acc",
+    "epoch/test_loss",
+    "epoch/test_acc",
+    "epoch/lr",
+    "epoch/samples_per_s",
+}
+LESSONS = [  # (id, command, holds step losses)
+    ("ddp", lambda: torchrun(2, "DDP/main.py", *QUICK), True),
+    ("horovod-pytorch", lambda: horovodrun(2, "horovod/pytorch/main.py", *QUICK), True),
+    ("horovod-tensorflow", lambda: mpiexec(2, "horovod/tensorflow/main.py", *QUICK), True),
+    (
+        "horovod-keras",
+        lambda: horovodrun(2, "horovod/tensorflow/keras_main.py", *QUICK),
+        False,
+    ),  # fit's own loop
+    ("deepspeed", lambda: deepspeed_launcher(2, "deepspeed/main.py", *QUICK), True),
+    (
+        "tensor-parallel",
+        lambda: torchrun(2, "model_parallel/tensor_parallel.py", *QUICK, "--width", "256"),
+        True,
+    ),
+    (
+        "pipeline-parallel",
+        lambda: torchrun(2, "model_parallel/pipeline_parallel.py", *QUICK, "--width", "256"),
+        True,
+    ),
+]
+
+
+def scalars(log_dir):
+    """{tag: {step: value}} from every event file under log_dir (TensorBoard's own reader)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    found = {}
+    files = sorted(log_dir.glob("events.out.tfevents.*"))
+    for path in files:
+        acc = EventAccumulator(str(path), size_guidance={"scalars": 0})
+        acc.Reload()
+        for tag in acc.Tags()["scalars"]:
+            found.setdefault(tag, {}).update({e.step: e.value for e in acc.Scalars(tag)})
+    return files, found
+
+
+@pytest.mark.parametrize("name,command,steps", LESSONS, ids=[lesson[0] for lesson in LESSONS])
+def test_every_epoch_is_in_the_event_files(tmp_path, name, command, steps):
+    check(run([*command(), "--log-dir", tmp_path], timeout=400))
+    files, found = scalars(tmp_path)
+    assert files, f"{name}: no event file in {tmp_path}"
+    assert EPOCH_TAGS <= set(found), sorted(found)
+    for m in metrics(tmp_path):  # the same numbers as metrics.jsonl, epoch by epoch
+        for key in ("train_loss", "test_acc", "lr", "samples_per_s"):
+            assert found[f"epoch/{key}"][m["epoch"]] == pytest.approx(m[key], rel=1e-5), (key, m)
+    assert sorted(found["epoch/train_loss"]) == [1, 2]
+    if steps:  # logged every 2 steps of 4, over 2 epochs: global steps 2, 4, 6, 8
+        assert sorted(found["step/train_loss"]) == [2, 4, 6, 8]
+
+
+def test_course_tensorboard_0_writes_no_event_files(tmp_path):
+    check(
+        run(
+            [
+                *torchrun(2, "DDP/main.py", "--epochs", "1", "--max-steps", "2"),
+                "--log-dir",
+                tmp_path,
+            ],
+            env={"COURSE_TENSORBOARD": "0"},
+            timeout=240,
+        )
+    )
+    assert metrics(tmp_path) and not list(tmp_path.glob("events.out.tfevents.*"))
+
+
+def test_writing_events_does_not_load_tensorflow(tmp_path):
+    """The writer frames tensorboard's Event protobuf itself: tensorboard's own event writer imports
+    TensorFlow where it is installed, which every PyTorch lesson would then pay for."""
+    code = (
+        "import sys; sys.path.append(sys.argv[1]); from utils import log; "
+        "log.Board.open(sys.argv[2], True); "
+        "log.Board.step(1, 0.5); log.Board.close(); print('tensorflow' in sys.modules)"
+    )
+    result = check(run([sys.executable, "-c", code, ROOT, tmp_path], timeout=120))
+    assert result.stdout.strip() == "False"
+    files, found = scalars(tmp_path)  # and TensorBoard reads the record back, checksums and all
+    assert found == {"step/train_loss": {1: 0.5}}
