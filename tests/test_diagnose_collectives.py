@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, check, error_lines, run, torchrun
+from support import ROOT, check, error_lines, run, torchrun
 
 sys.path.append(str(ROOT / "diagnose"))
 import collectives  # noqa: E402

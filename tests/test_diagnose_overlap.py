@@ -3,7 +3,7 @@ ceiling (no communication) in one run, and the compressed DDP hooks trained on r
 
 import json
 
-from conftest import check, error_lines, run, torchrun
+from support import check, error_lines, run, torchrun
 
 TOOL = "diagnose/overlap.py"
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, check, error_lines, run
+from support import ROOT, check, error_lines, run
 from utils.tools.launch import launch_command
 
 sys.path.append(str(ROOT / "diagnose"))

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, check, deepspeed_launcher, horovodrun, metrics, mpiexec, run, torchrun
+from support import ROOT, check, deepspeed_launcher, horovodrun, metrics, mpiexec, run, torchrun
 
 QUICK = ["--epochs", "2", "--max-steps", "4", "--log-interval", "2"]
 EPOCH_TAGS = {
