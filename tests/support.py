@@ -77,3 +77,26 @@ def error_lines(stderr):
 
 def horovodrun(nproc, script, *args, controller="--gloo"):
     return launch_command(script, nproc, "horovodrun" if controller == "--gloo" else "horovodrun-mpi", args)
+
+
+def event_scalars(log_dir):
+    """(event files, {tag: {step: value}}) from the TensorBoard event files in log_dir, read with
+    TensorBoard's own reader."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    found = {}
+    files = sorted(Path(log_dir).glob("events.out.tfevents.*"))
+    for path in files:
+        acc = EventAccumulator(str(path), size_guidance={"scalars": 0})
+        acc.Reload()
+        for tag in acc.Tags()["scalars"]:
+            found.setdefault(tag, {}).update({e.step: e.value for e in acc.Scalars(tag)})
+    return files, found
+
+
+def assert_event_epochs(log_dir):
+    """Every epoch of metrics.jsonl is in the run's TensorBoard event files, with the same test accuracy."""
+    files, found = event_scalars(log_dir)
+    assert files, f"no TensorBoard event file in {log_dir}"
+    epochs = {m["epoch"]: m["test_acc"] for m in metrics(log_dir)}
+    assert {e: round(v, 5) for e, v in found.get("epoch/test_acc", {}).items()} == \
+        {e: round(v, 5) for e, v in epochs.items()}, (found.get("epoch/test_acc"), epochs)

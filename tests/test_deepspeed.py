@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from support import ROOT, check, deepspeed_launcher, error_lines, metrics, mpiexec, python, run, summary, torchrun
+from support import assert_event_epochs, ROOT, check, deepspeed_launcher, error_lines, metrics, mpiexec, python, run, summary, torchrun
 
 SCRIPT = "deepspeed/main.py"
 QUICK = ["--epochs", "2", "--max-steps", "8", "--log-interval", "4"]
@@ -21,6 +21,7 @@ def test_two_ranks_train_and_stay_identical(tmp_path, launcher, stage, name):
     assert all(set(m) == DDP_METRIC_KEYS for m in history), history[0].keys()
     assert all(m["world_size"] == 2 and m["framework"] == "deepspeed" for m in history)
     assert history[0]["launcher"] == name
+    assert_event_epochs(tmp_path)  # TensorBoard's event files: every epoch
     checksums = summary(tmp_path)["param_checksums"]
     assert len(checksums) == 2 and checksums[0] == checksums[1], checksums
     # Single host: the master stays on loopback under every launcher (DeepSpeed's MPI discovery would not).

@@ -4,7 +4,7 @@ import json
 import pytest
 import torch
 
-from support import check, error_lines, horovodrun, metrics, mpiexec, python, run, summary
+from support import assert_event_epochs, check, error_lines, horovodrun, metrics, mpiexec, python, run, summary
 
 TORCH = "horovod/pytorch/main.py"
 TF = "horovod/tensorflow/main.py"
@@ -37,6 +37,7 @@ def test_two_ranks_train_and_stay_identical(tmp_path, script, launch, launcher):
     check(run(launch(script, *QUICK, "--log-dir", tmp_path), timeout=300))
     history = assert_trained_and_identical(tmp_path)
     assert history[0]["launcher"] == launcher
+    assert_event_epochs(tmp_path)  # TensorBoard's event files: every epoch (Keras' fit included)
     # the course's CPU knob (utils/dist.HOROVOD_CPU_KNOBS) reached Horovod before hvd.init()
     assert json.loads((tmp_path / "config.json").read_text())["horovod_knobs"] == {"HOROVOD_CYCLE_TIME": "5"}
 

@@ -3,7 +3,7 @@ the same arithmetic on the unsplit model (the lessons' own --save-model files: t
 import pytest
 import torch
 
-from support import check, error_lines, metrics, python, run, summary, torchrun
+from support import assert_event_epochs, check, error_lines, metrics, python, run, summary, torchrun
 
 TP = "model_parallel/tensor_parallel.py"
 PP = "model_parallel/pipeline_parallel.py"
@@ -118,3 +118,4 @@ def test_two_ranks_reach_85_percent_in_two_epochs(tmp_path, script):
     history = metrics(tmp_path)
     assert [m["epoch"] for m in history] == [1, 2] and history[-1]["world_size"] == 2
     assert history[-1]["test_acc"] >= 0.85, history
+    assert_event_epochs(tmp_path)  # TensorBoard's event files: every epoch
