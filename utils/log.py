@@ -140,7 +140,8 @@ def _waited_where(exc):
 def _peer_line(exc):
     from utils.dist import discover
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
-    detail = next((line for line in lines if any(text in line for text in PEER_ERROR_TEXTS)), lines[0])[:240]
+    detail = next((line for line in lines if "monitoredBarrier" in line),
+                  next((line for line in lines if any(text in line for text in PEER_ERROR_TEXTS)), lines[0]))[:240]
     what, where = _waited_where(exc)
     call = f"in {what} at {where} " if where else ""
     rank = discover().rank
@@ -149,9 +150,11 @@ def _peer_line(exc):
         ms = re.search(r"(\d+)\s*ms", str(exc))
         timeout = getattr(_RUN.get("args"), "dist_timeout", None)
         waited = f"{int(ms.group(1)) / 1000:g} s" if ms else (f"{timeout} s (--dist-timeout)" if timeout else "")
-        return (f"rank {rank} waited {waited} {call}{_where()} for a rank that never joined the collective "
-                f"(hung or stopped); next: run `python diagnose/stacks.py` while it hangs to see where every "
-                f"rank waits ({HANGS_PAGE}) [{detail}]")
+        absent = re.search(r"Rank (\d+) failed to pass monitoredBarrier", str(exc))  # gloo names the rank
+        who = f"rank {absent.group(1)}, which never arrived" if absent else "a rank that never joined it"
+        return (f"rank {rank} waited {waited} {call}{_where()} for {who} (hung, stopped or elsewhere); "
+                f"next: while it hangs, `python diagnose/stacks.py` shows where every rank is ({HANGS_PAGE}) "
+                f"[{detail}]")
     return (f"rank {rank} lost contact with another rank {call}{_where()} (it died, or hung past the "
             f"collective timeout): {detail}")
 
@@ -186,6 +189,9 @@ def run_main(main):
         if isinstance(exc, UserError):
             fail(str(exc))
         if not is_peer_failure(exc):
+            import traceback
+            from utils.errors import record_for_torchrun
+            record_for_torchrun(traceback.format_exc())  # torchrun's report shows it (as @record would)
             raise  # a bug: keep the traceback
         _quit(_peer_line(exc), 1)
 

@@ -5,7 +5,8 @@ the installed libraries."""
 import os
 import sys
 
-if any(os.environ.get(v) for v in ("COURSE_FAIL_AT", "COURSE_DIE_IN_WRITE", "COURSE_DIE_ON_FILE")):
+if any(os.environ.get(v) for v in ("COURSE_FAIL_AT", "COURSE_DIE_IN_WRITE", "COURSE_DIE_ON_FILE", "COURSE_PLANT",
+                                   "COURSE_MONITOR", "COURSE_DATA_ORDER")):
     sys.path.append(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     import faults  # tests/hooks/faults.py (this folder is on the path)
 
