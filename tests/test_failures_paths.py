@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, deepspeed_launcher, error_lines, horovodrun, mpiexec, python, run, torchrun
+from conftest import ROOT, deepspeed_launcher, error_lines, horovodrun, mpiexec, run, torchrun
 from failures_support import DDP, DS, HVD_TF, HVD_TORCH, KERAS, tiny  # noqa: F401  (tiny: a fixture)
 
 ZERO, TP, PP = "zero/main.py", "model_parallel/tensor_parallel.py", "model_parallel/pipeline_parallel.py"

@@ -76,12 +76,15 @@ def test_torchrun_elastic_restart_resumes_from_the_checkpoint(tmp_path, tiny):
     assert summary(tmp_path / "elastic")["param_checksums"] == summary(tmp_path / "straight")["param_checksums"]
 
 
-def test_resume_auto_without_a_checkpoint_starts_fresh_and_plain_resume_refuses(tmp_path, tiny):
+def test_resume_auto_without_a_checkpoint_says_so_and_plain_resume_refuses_leaving_nothing(tmp_path, tiny):
     flags = ["--epochs", "1", "--max-steps", "1", "--data-dir", tiny, "--num-threads", "1"]
-    checked(run(python(DDP, *flags, "--resume", "auto", "--log-dir", tmp_path / "auto"), timeout=120))
+    auto = checked(run(python(DDP, *flags, "--resume", "auto", "--log-dir", tmp_path / "auto"), timeout=120))
     assert [m["epoch"] for m in metrics(tmp_path / "auto")] == [1]
-    result = run(python(DDP, *flags, "--resume", "--log-dir", tmp_path / "plain"), timeout=120)
+    said = [line for line in auto.stdout.splitlines() if "no checkpoint in" in line]  # not silently
+    assert said == [f"--resume auto: no checkpoint in {tmp_path / 'auto' / 'checkpoints'}: starting at epoch 1"]
+    result = run(python(DDP, *flags, "--resume", "--log-dir", tmp_path / "plain" / "run"), timeout=120)
     assert result.returncode == 2 and len(error_lines(result.stderr)) == 1
     assert "--resume: no checkpoint at" in result.stderr
+    assert not (tmp_path / "plain").exists()  # the folder it had created is gone again
 
 

@@ -91,7 +91,7 @@ def remove_debris():
 
 def _where():
     if not _POSITION:
-        return "before its first training step"
+        return "before any training step it reported"
     p = _POSITION
     return f"in epoch {p['epoch']} after step {p['step']}/{p['total']}"
 
