@@ -129,7 +129,7 @@ def test_torch_distributed_debug_detail_names_the_mismatched_collectives(tmp_pat
     found = re.findall(r"Detected mismatch between collectives on ranks\. Rank (\d) is running collective: "
                        r"CollectiveFingerPrint\(SequenceNumber=\d+, OpType=ALLREDUCE, TensorShape=\[(\d)\]", output)
     print(f"\n[DETAIL] the job ended {took:.1f} s after the bug fired: {found}")
-    assert sorted(found) == [("0", "2"), ("1", "3")], output[-3000:]
+    assert sorted(set(found)) == [("0", "2"), ("1", "3")], output[-3000:]  # each rank names both shapes
 
 
 def test_a_rank_that_dies_before_any_collective_is_torchruns_root_cause(tmp_path):

@@ -114,7 +114,7 @@ def _stopped_line(signum):
     checkpoint, log_dir = _last_checkpoint()
     rerun = "rerun with --resume auto" + (f" --log-dir {log_dir}" if log_dir else "")
     kept = (f"last good checkpoint: {checkpoint}; {rerun} to continue from it" if checkpoint else
-            f"no checkpoint written yet; {rerun} starts at epoch 1")
+            "no checkpoint written yet: a rerun starts at epoch 1")
     return f"rank {discover().rank} stopped by {signal.Signals(signum).name} {_where()}: {kept}"
 
 

@@ -32,7 +32,7 @@ COURSE_MONITOR=<seconds>
     Every rank calls dist.monitored_barrier(timeout=<seconds>) after each training step: the recipe that
     names the rank that did not arrive (gloo only).
 COURSE_DATA_ORDER=<folder>
-    Every rank writes the first 8 sample indices its DistributedSampler gives each epoch to
+    Every rank writes the first 8 sample indices its shuffling DistributedSampler gives each epoch to
     <folder>/rank<r>.jsonl: the data-order check.
 """
 import glob
@@ -136,6 +136,8 @@ def _install_plants(log):
 
             def iterate_and_record(self):
                 indices = list(iterate(self))
+                if not self.shuffle:  # the test set's sampler: the same order by design
+                    return iter(indices)
                 folder = os.environ["COURSE_DATA_ORDER"]
                 os.makedirs(folder, exist_ok=True)
                 with open(os.path.join(folder, f"rank{self.rank}.jsonl"), "a") as f:
