@@ -22,7 +22,8 @@ NO_WRITE = "/proc/x"  # /proc takes no new entries, even from root (chmod does n
 COMMON_ROWS = [
     (["--log-dir", NO_WRITE], "--log-dir /proc/x: cannot write in /proc"),
     (["--log-dir", "{file}"], "is not a folder"),
-    (["--checkpoint-dir", NOT_A_FOLDER, "--log-dir", "{new}"], "--checkpoint-dir /dev/null/x: /dev/null is not a folder"),
+    (["--checkpoint-dir", NOT_A_FOLDER, "--log-dir", "{new}"],
+     "--checkpoint-dir /dev/null/x: /dev/null is not a folder"),
     (["--log-dir", "{new}", "--checkpoint-dir", NO_WRITE], "--checkpoint-dir /proc/x"),
     (["--data-dir", "{new}"], "--data-dir"),
     (["--data-dir", NO_WRITE, "--download"], "--data-dir /proc/x: cannot write in /proc"),
@@ -92,8 +93,10 @@ def test_every_unusable_path_and_non_finite_float_is_one_line_exit_2_and_creates
 
 LAUNCHES = [pytest.param(DDP, torchrun, id="ddp-torchrun"), pytest.param(DDP, mpiexec, id="ddp-mpiexec"),
             pytest.param(HVD_TORCH, horovodrun, id="hvd-torch-horovodrun"),
-            pytest.param(HVD_TF, mpiexec, id="hvd-tf-mpiexec"), pytest.param(KERAS, horovodrun, id="keras-horovodrun"),
-            pytest.param(DS, deepspeed_launcher, id="deepspeed-deepspeed"), pytest.param(ZERO, torchrun, id="zero-torchrun"),
+            pytest.param(HVD_TF, mpiexec, id="hvd-tf-mpiexec"),
+            pytest.param(KERAS, horovodrun, id="keras-horovodrun"),
+            pytest.param(DS, deepspeed_launcher, id="deepspeed-deepspeed"),
+            pytest.param(ZERO, torchrun, id="zero-torchrun"),
             pytest.param(TP, mpiexec, id="tp-mpiexec"), pytest.param(PP, torchrun, id="pp-torchrun")]
 
 

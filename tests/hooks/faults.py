@@ -1,8 +1,9 @@
 """Test-only fault injection, from outside the examples: nothing in a lesson or in utils/ knows about it.
 
-tests/test_failures.py runs an example with tests/hooks on PYTHONPATH and one of the variables below set;
-Python then imports tests/hooks/sitecustomize.py at start-up (in every rank, under any launcher: they all
-pass the environment on), which wraps two functions of utils/log.py before the example imports it:
+The failure tests (tests/test_failures_*.py) run an example with tests/hooks on PYTHONPATH and one of the
+variables below set; Python then imports tests/hooks/sitecustomize.py at start-up (in every rank, under any
+launcher: they all pass the environment on), which wraps two functions of utils/log.py before the example
+imports it:
 `Progress.update` (called once per training step on every rank) and `atomic_write` (every file the course
 writes). The failure then happens at a chosen moment, through the real code paths:
 
