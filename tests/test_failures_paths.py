@@ -108,7 +108,9 @@ def test_an_unusable_path_is_one_line_per_rank_under_every_launcher(tmp_path, sc
     output = result.stdout + result.stderr
     errors = error_lines(output)
     assert result.returncode != 0
-    assert len(errors) == 2 and all(flags[-2] in line for line in errors), output[-3000:]
+    # horovodrun terminates the other workers the moment one exits: the slower rank may not get to say it
+    assert len(errors) in ((1, 2) if launcher is horovodrun else (2,)), output[-3000:]
+    assert all(flags[-2] in line for line in errors), output[-3000:]
     assert not re.search(r'File "[^"]*/(DDP|horovod|deepspeed|zero|model_parallel)/', output), output[-3000:]
     assert list(tmp_path.iterdir()) == []
     if launcher is torchrun:  # the line is torchrun's root cause, not `error_file: <N/A>`
