@@ -77,10 +77,11 @@ def test_a_signal_stops_every_rank_in_one_line_and_the_checkpoint_resumes(tmp_pa
     for line in stopped:
         assert f"stopped by {sig.name} in epoch 2 after step" in line, line
         assert "last good checkpoint:" in line and "(epoch 1)" in line and "rerun with --resume auto" in line, line
-    assert not re.search(r'File "[^"]*/(DDP|horovod|deepspeed)/[^"]*main\.py"', output), after[-3000:]
+    assert not re.search(rf'File "{re.escape(str(ROOT))}/(DDP|horovod|deepspeed)/', output), after[-3000:]
     if launcher in (mpiexec,):  # the launcher passes the ranks' exit code on: 128 + the signal
         assert rc == 128 + sig, rc
-        assert len(after.splitlines()) <= 3, after  # the two lines (and a progress line in flight)
+        # the two lines, a progress line in flight, and Hydra's two on SIGINT ("Sending Ctrl-C to processes")
+        assert len(after.splitlines()) <= 5, after
     else:
         assert rc != 0
     # the checkpoint is intact: the same job continues from it

@@ -111,7 +111,8 @@ def test_an_unusable_path_is_one_line_per_rank_under_every_launcher(tmp_path, sc
     # horovodrun terminates the other workers the moment one exits: the slower rank may not get to say it
     assert len(errors) in ((1, 2) if launcher is horovodrun else (2,)), output[-3000:]
     assert all(flags[-2] in line for line in errors), output[-3000:]
-    assert not re.search(r'File "[^"]*/(DDP|horovod|deepspeed|zero|model_parallel)/', output), output[-3000:]
+    assert not re.search(rf'File "{re.escape(str(ROOT))}/(DDP|horovod|deepspeed|zero|model_parallel)/', output), \
+        output[-3000:]  # (the launchers' own tracebacks are theirs: horovodrun raises one when a rank fails)
     assert list(tmp_path.iterdir()) == []
     if launcher is torchrun:  # the line is torchrun's root cause, not `error_file: <N/A>`
         root_cause = output[output.index("Root Cause"):]

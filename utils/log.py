@@ -126,7 +126,8 @@ def _frames(exc):
 def _waited_where(exc):
     """('all_reduce', 'DDP/main.py:152') for the collective that failed and the course's line that called it."""
     frames = _frames(exc)
-    ours = [i for i, f in enumerate(frames) if os.path.abspath(f.filename).startswith(ROOT + os.sep)]
+    ours = [i for i, f in enumerate(frames) if os.path.abspath(f.filename).startswith(ROOT + os.sep)
+            and "site-packages" not in f.filename]  # (a virtual environment may live inside the checkout)
     if not ours:
         return None, None
     mine = frames[ours[-1]]
