@@ -88,3 +88,23 @@ def test_resume_auto_without_a_checkpoint_says_so_and_plain_resume_refuses_leavi
     assert not (tmp_path / "plain").exists()  # the folder it had created is gone again
 
 
+
+
+def test_parse_changes_no_value_and_the_helpers_decide_whether_to_resume(tmp_path, capsys):
+    """parse() neither rewrites --resume nor exits; resuming() and finished_already() decide, and the lesson
+    reads their answers. The three cases of --resume auto: nothing there, a checkpoint to continue, a run
+    that is done."""
+    from utils.parse_args import finished_already, get_parser, parse, resuming
+    log_dir = tmp_path / "run"
+    args = parse(get_parser("test"), ["--resume", "auto", "--epochs", "2", "--log-dir", str(log_dir)])
+    assert args.resume == "auto"
+    assert not finished_already(args) and resuming(args) is False
+    assert f"--resume auto: no checkpoint in {log_dir / 'checkpoints'}: starting at epoch 1" in capsys.readouterr().out
+    (log_dir / "checkpoints").mkdir(parents=True)
+    (log_dir / "checkpoints" / "checkpoint.pt").write_bytes(b"")
+    (log_dir / "metrics.jsonl").write_text('{"epoch": 1}\n')
+    assert not finished_already(args) and resuming(args) is True
+    (log_dir / "metrics.jsonl").write_text('{"epoch": 1}\n{"epoch": 2}\n')
+    assert finished_already(args) is True
+    assert "has finished 2 of 2 epoch(s) already: nothing left to do" in capsys.readouterr().out
+    assert args.resume == "auto"

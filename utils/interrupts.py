@@ -1,12 +1,13 @@
-"""Ctrl-C (SIGINT) and a scheduler's walltime warning (SIGTERM): stop in seconds, on every rank, in one line.
+"""Ctrl-C (SIGINT) and a scheduler's walltime warning (SIGTERM): stop in seconds, on every rank, in
+one line.
 
-A scheduler sends SIGTERM some seconds before it kills a job at its walltime (Slurm: KillWait, 30 s by
-default; PBS: kill_delay); a terminal sends SIGINT to every process of the job at once. Python turns SIGINT
-into a KeyboardInterrupt and lets SIGTERM kill the process at once; here both become an `Interrupted`
-exception raised in the main thread, which utils.log.run_main turns into one line and the conventional exit
-code (128 + the signal's number: 130, 143). A checkpoint being written is never half-renamed (its write is
-atomic), so the last good one survives.
-"""
+A scheduler sends SIGTERM some seconds before it kills a job at its walltime (Slurm: KillWait, 30 s
+by default; PBS: kill_delay); a terminal sends SIGINT to every process of the job at once. Python
+turns SIGINT into a KeyboardInterrupt and lets SIGTERM kill the process at once; here both become an
+`Interrupted` exception raised in the main thread, which utils.log.run_main turns into one line and
+the conventional exit code (128 + the signal's number: 130, 143). A checkpoint being written is
+never half-renamed (its write is atomic), so the last good one survives."""
+
 import signal
 import time
 
