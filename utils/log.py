@@ -54,7 +54,7 @@ _CREATED = []  # outermost folders this run created: removed again if it fails b
 
 
 def at_step(epoch, step, total):
-    _POSITION.update(epoch=epoch, step=step, total=total)
+    _POSITION.update(epoch=epoch, step=step, total=total, at=time.monotonic())
 
 
 def note_args(args):
@@ -146,11 +146,14 @@ def _peer_line(exc):
     what, where = _waited_where(exc)
     call = f"in {what} at {where} " if where else ""
     rank = discover().rank
-    if any(text in str(exc) for text in TIMEOUT_TEXTS):
+    timeout = getattr(_RUN.get("args"), "dist_timeout", None)
+    # Horovod reports a gloo timeout only as "Horovod has been shut down": the time since the last step says it
+    since = time.monotonic() - _POSITION["at"] if "at" in _POSITION else 0
+    if any(text in str(exc) for text in TIMEOUT_TEXTS) or (timeout and since >= 0.9 * timeout):
         import re
         ms = re.search(r"(\d+)\s*ms", str(exc))
-        timeout = getattr(_RUN.get("args"), "dist_timeout", None)
-        waited = f"{int(ms.group(1)) / 1000:g} s" if ms else (f"{timeout} s (--dist-timeout)" if timeout else "")
+        waited = (f"{int(ms.group(1)) / 1000:g} s" if ms else f"{since:.0f} s" if since else
+                  f"{timeout} s (--dist-timeout)" if timeout else "")
         absent = re.search(r"Rank (\d+) failed to pass monitoredBarrier", str(exc))  # gloo names the rank
         who = f"rank {absent.group(1)}, which never arrived" if absent else "a rank that never joined it"
         return (f"rank {rank} waited {waited} {call}{_where()} for {who} (hung, stopped or elsewhere); "
