@@ -29,7 +29,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 from utils import data, log  # noqa: E402
 from utils import dist as course  # noqa: E402  (which variables each launcher sets; metrics helpers)
-from utils.parse_args import clip_flag, get_parser, parse  # noqa: E402
+from utils.parse_args import clip_flag, finished_already, get_parser, parse, resuming  # noqa: E402
 from utils.schedule import lr_at, scaled_lr  # noqa: E402
 from utils.torch_utils import (Net, load_checkpoint, param_checksum, restore, save_checkpoint,  # noqa: E402
                                seed_epoch, steps_per_epoch, to_tensors)
@@ -79,6 +79,8 @@ def evaluate(model, loader):
 
 def main():
     args = parse(clip_flag(get_parser(__doc__)))
+    if finished_already(args):  # --resume auto on a run that is done: touch nothing
+        return
     wall_start = time.perf_counter()
 
     # [1] Who am I? The launcher's variables give this process's rank, its local rank on this node and the
@@ -129,7 +131,7 @@ def main():
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum)
     checkpoint = Path(args.checkpoint_dir or Path(log_dir) / "checkpoints") / "checkpoint.pt"
     first_epoch = 1
-    if args.resume:  # [8] every rank reads the same file: all start from identical weights
+    if resuming(args):  # [8] every rank reads the same file: all start from identical weights
         first_epoch = restore(model, optimizer, load_checkpoint(checkpoint, env.device), checkpoint) + 1
         log.info(f"resumed from {checkpoint}: continuing at epoch {first_epoch}")
     run.keep_epochs_before(first_epoch)

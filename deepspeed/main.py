@@ -33,7 +33,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 from utils import data, ds_checkpoint, ds_config, log  # noqa: E402
 from utils import dist as course  # noqa: E402  (which variables each launcher sets; metrics helpers)
-from utils.parse_args import get_parser, parse  # noqa: E402
+from utils.parse_args import finished_already, get_parser, parse, resuming  # noqa: E402
 from utils.schedule import lr_at, scaled_lr  # noqa: E402
 from utils.torch_utils import Net, param_checksum, save_checkpoint, seed_epoch, steps_per_epoch, to_tensors  # noqa
 
@@ -91,6 +91,8 @@ def evaluate(engine, loader):
 
 def main():
     args = parse(deepspeed_flags(get_parser(__doc__)))
+    if finished_already(args):  # --resume auto on a run that is done: touch nothing
+        return
     course.default_extensions_dir()  # JIT-built ops (cpu_adam for --offload) are cached outside the checkout
     wall_start = time.perf_counter()
     # [1] Who am I? The launcher's variables give rank, local rank and world size (table in utils/dist.py).
@@ -150,7 +152,7 @@ def main():
 
     checkpoint = Path(args.checkpoint_dir or Path(log_dir) / "checkpoints")
     first_epoch = 1
-    if args.resume:  # [8] every rank loads its own ZeRO partition of the optimizer state
+    if resuming(args):  # [8] every rank loads its own ZeRO partition of the optimizer state
         try:
             loaded, client_state = engine.load_checkpoint(checkpoint)
         except Exception as exc:  # truncated file, or a checkpoint of another model / stage / world size

@@ -3,17 +3,43 @@
 Its own module so that every helper (rank discovery, logging, arguments) can raise them without importing
 the others.
 """
+import json
+import os
 import sys
+import time
 
 
 class UserError(Exception):
     """A problem with the user's input or files (not a bug): reported as one line, exit code 2."""
 
 
-def fail(message, code=2):
-    """One clear line on stderr and a non-zero exit: for bad input, on every rank, instead of a traceback."""
+def record_for_torchrun(line):
+    """Under torchrun, write `line` to the error file it gave this worker (TORCHELASTIC_ERROR_FILE), in the
+    format of torch.distributed.elastic's @record: torchrun's failure report then shows this line as the
+    worker's error (and the root cause, if it came first) instead of `error_file: <N/A>`."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    data = {"message": {"message": line, "extraInfo": {"py_callstack": line, "timestamp": str(int(time.time()))}}}
+    try:
+        with open(path, "w") as f:
+            json.dump(data, f)
+    except OSError:
+        pass  # the report then says <N/A>, as before: not worth a second error
+
+
+def say(message, prefix="error"):
+    """One line on stderr (and in torchrun's error file), written whole."""
     # One write of the whole line (print() writes the text and the newline separately): lines from several
     # ranks sharing one stderr pipe (mpiexec) then never interleave.
-    sys.stderr.write(f"error: {message}\n")
+    line = f"{prefix}: {message}"
+    sys.stderr.write(line + "\n")
     sys.stderr.flush()
+    if prefix == "error":
+        record_for_torchrun(line)
+
+
+def fail(message, code=2):
+    """One clear line on stderr and a non-zero exit: for bad input, on every rank, instead of a traceback."""
+    say(message)
     sys.exit(code)

@@ -39,6 +39,9 @@ def info(message):
 PEER_ERROR_TYPES = ("DistError", "DistBackendError", "DistNetworkError", "DistStoreError", "HorovodInternalError")
 PEER_ERROR_TEXTS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Timed out waiting",
                     "timed out", "Horovod has been shut down", "gloo")
+TIMEOUT_TEXTS = ("Timed out", "timed out", "Timeout", "timeout")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HANGS_PAGE = "diagnose/hangs.md"
 
 
 def is_peer_failure(exc):
@@ -46,24 +49,174 @@ def is_peer_failure(exc):
     return bool(names & set(PEER_ERROR_TYPES)) or any(text in str(exc) for text in PEER_ERROR_TEXTS)
 
 
+# --- what the one line of a failed or stopped run needs to know ------------------------------------------
+_POSITION = {}  # epoch, step, total: the last training step this rank finished (Progress.update)
+_RUN = {}  # args (utils.parse_args.parse), log_dir (default_log_dir)
+_CREATED = []  # outermost folders this run created: removed again if it fails before writing a result
+
+
+def at_step(epoch, step, total):
+    _POSITION.update(epoch=epoch, step=step, total=total, at=time.monotonic())
+
+
+def note_args(args):
+    _RUN["args"] = args
+
+
+def note_new_folder(path):
+    """Remember the outermost folder of `path` that does not exist yet: if the run fails before any result
+    is in it (nothing but config.json), run_main removes it again, so a failed start leaves no debris."""
+    if not path:
+        return
+    folder, top = os.path.abspath(path), None
+    while not os.path.lexists(folder):
+        top, folder = folder, os.path.dirname(folder)
+    if top and top not in _CREATED:
+        _CREATED.append(top)
+
+
+def _holds_results(folder):
+    return any(name != "config.json" and not name.startswith(".tmp-")
+               for _, _, files in os.walk(folder) for name in files)
+
+
+def remove_debris():
+    """Remove the folders this run created and left without a result (rank 0 made them; rank 0 removes)."""
+    import shutil
+    from utils.dist import discover
+    if discover().rank != 0:
+        return
+    for folder in _CREATED:
+        if os.path.isdir(folder) and not _holds_results(folder):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _where():
+    if not _POSITION:
+        return "before any training step it reported"
+    p = _POSITION
+    return f"in epoch {p['epoch']} after step {p['step']}/{p['total']}"
+
+
+def _last_checkpoint():
+    """(the newest complete checkpoint as 'DIR (epoch N)' or None, the log dir)."""
+    from utils.parse_args import checkpoint_folder, epochs_done, has_checkpoint
+    args = _RUN.get("args")
+    log_dir = getattr(args, "log_dir", None) or _RUN.get("log_dir")
+    folder = checkpoint_folder(getattr(args, "checkpoint_dir", None), log_dir)
+    if not folder or not has_checkpoint(folder):
+        return None, log_dir
+    done = epochs_done(log_dir)
+    return f"{folder}" + (f" (epoch {done})" if done else ""), log_dir
+
+
+def _stopped_line(signum):
+    import signal
+    from utils.dist import discover
+    checkpoint, log_dir = _last_checkpoint()
+    rerun = "rerun with --resume auto" + (f" --log-dir {log_dir}" if log_dir else "")
+    kept = (f"last good checkpoint: {checkpoint}; {rerun} to continue from it" if checkpoint else
+            "no checkpoint written yet: a rerun starts at epoch 1")
+    return f"rank {discover().rank} stopped by {signal.Signals(signum).name} {_where()}: {kept}"
+
+
+def _frames(exc):
+    import traceback
+    return traceback.extract_tb(exc.__traceback__)
+
+
+def _waited_where(exc):
+    """('all_reduce', 'DDP/main.py:152') for the collective that failed and the course's line that called it."""
+    frames = _frames(exc)
+    ours = [i for i, f in enumerate(frames) if os.path.abspath(f.filename).startswith(ROOT + os.sep)
+            and "site-packages" not in f.filename]  # (a virtual environment may live inside the checkout)
+    if not ours:
+        return None, None
+    mine = frames[ours[-1]]
+    below = frames[ours[-1] + 1:]
+    dist_calls = [f.name for f in below if "distributed" in f.filename or "horovod" in f.filename]
+    what = next((name for name in dist_calls if not name.startswith("_") and name != "wrapper"),
+                below[0].name if below else mine.line.split("(")[0].strip())
+    return what, f"{os.path.relpath(mine.filename, ROOT)}:{mine.lineno}"
+
+
+def _peer_line(exc):
+    from utils.dist import discover
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
+    detail = next((line for line in lines if "monitoredBarrier" in line),
+                  next((line for line in lines if any(text in line for text in PEER_ERROR_TEXTS)), lines[0]))[:240]
+    what, where = _waited_where(exc)
+    call = f"in {what} at {where} " if where else ""
+    rank = discover().rank
+    timeout = getattr(_RUN.get("args"), "dist_timeout", None)
+    # Horovod reports a gloo timeout only as "Horovod has been shut down": the time since the last step says it
+    since = time.monotonic() - _POSITION["at"] if "at" in _POSITION else 0
+    if any(text in str(exc) for text in TIMEOUT_TEXTS) or (timeout and since >= 0.9 * timeout):
+        import re
+        ms = re.search(r"(\d+)\s*ms", str(exc))
+        waited = (f"{int(ms.group(1)) / 1000:g} s" if ms else f"{since:.0f} s" if since else
+                  f"{timeout} s (--dist-timeout)" if timeout else "")
+        absent = re.search(r"Rank (\d+) failed to pass monitoredBarrier", str(exc))  # gloo names the rank
+        who = f"rank {absent.group(1)}, which never arrived" if absent else "a rank that never joined it"
+        return (f"rank {rank} waited {waited} {call}{_where()} for {who} (hung, stopped or elsewhere); "
+                f"next: while it hangs, `python diagnose/stacks.py` shows where every rank is ({HANGS_PAGE}) "
+                f"[{detail}]")
+    return (f"rank {rank} lost contact with another rank {call}{_where()} (it died, or hung past the "
+            f"collective timeout): {detail}")
+
+
 def run_main(main):
-    """Call main(); turn a UserError into one line on stderr and exit 2, and a lost peer (a rank that died or
-    hung past the collective timeout) into one line and exit 1, on whichever rank meets it."""
+    """Call main(), and end every way it can go wrong in one line on stderr instead of a traceback:
+
+    - a UserError (bad input): one line, exit 2;
+    - SIGINT or SIGTERM (Ctrl-C, a scheduler's walltime): where it stopped, the last good checkpoint and
+      how to continue; exit 130 or 143 (utils/interrupts.py);
+    - a lost peer (a rank that died, or hung past the collective timeout): which rank waited, in which
+      collective at which line, in which epoch and step, and what to do next; exit 1.
+
+    A run that fails before its first result removes the folders it created. Under torchrun the line also
+    goes into the worker's error file, so torchrun's report names it as the cause. A bug keeps its traceback.
+    """
+    from utils import interrupts
+    interrupts.install()
     try:
         main()
-    except UserError as exc:
-        fail(str(exc))
-    except Exception as exc:
+    except SystemExit as exc:
+        if exc.code not in (0, None):
+            remove_debris()
+        raise
+    except BaseException as exc:
+        signum = interrupts.received()
+        if signum is None and isinstance(exc, KeyboardInterrupt):
+            signum = 2
+        if signum is not None:  # stopped on purpose; a peer error after it is the same stop seen later
+            _quit(_stopped_line(signum), interrupts.exit_code(signum), prefix="stopped")
+        remove_debris()
+        if isinstance(exc, UserError):
+            fail(str(exc))
         if not is_peer_failure(exc):
+            import traceback
+            from utils.errors import record_for_torchrun
+            record_for_torchrun(traceback.format_exc())  # torchrun's report shows it (as @record would)
             raise  # a bug: keep the traceback
-        lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
-        detail = next((line for line in lines if any(text in line for text in PEER_ERROR_TEXTS)), lines[0])[:240]
-        fail(f"lost contact with another rank (it died, or hung past the collective timeout): {detail}", code=1)
+        _quit(_peer_line(exc), 1)
+
+
+def _quit(line, code, prefix="error"):
+    """One line, then out at once: a rank whose peers are gone must not wait in the libraries' exit hooks."""
+    from utils.errors import say
+    remove_debris()
+    sys.stdout.flush()
+    say(line, prefix)
+    os._exit(code)
 
 
 def default_log_dir(script_name):
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    return os.path.join("runs", f"{script_name}-{stamp}")
+    path = os.path.join("runs", f"{script_name}-{stamp}")
+    note_new_folder(path)
+    _RUN.setdefault("log_dir", path)
+    return path
 
 
 def atomic_write(path, write_fn, mode="w"):
@@ -176,6 +329,7 @@ class Progress:
         self.bar = enabled and sys.stdout.isatty()
 
     def update(self, step, loss):
+        at_step(self.epoch, step, self.total)
         if not self.enabled:
             return
         if (step % self.interval == 0 or step == self.total) and loss is not None:

@@ -6,10 +6,14 @@ process group exists (argparse prints ``main.py: error: ...``).
 """
 import argparse
 import json
+import math
 import os
 import sys
+import tempfile
 
-from utils.dist import GPU_BACKENDS
+from utils import log
+from utils.dist import GPU_BACKENDS, discover
+from utils.errors import record_for_torchrun
 
 
 def positive_int(text):
@@ -28,8 +32,8 @@ def non_negative_int(text):
 
 def positive_float(text):
     value = float(text)
-    if not value > 0:  # also rejects nan
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    if not (value > 0 and math.isfinite(value)):  # also rejects nan and inf
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
     return value
 
 
@@ -57,9 +61,41 @@ def resume_mode(text):
 CHECKPOINT_MARKERS = ("checkpoint.pt", "checkpoint", "latest")
 
 
-def checkpoint_exists(args):
-    folder = args.checkpoint_dir or os.path.join(args.log_dir, "checkpoints")
+def checkpoint_folder(checkpoint_dir, log_dir):
+    """Where a run keeps its checkpoints: --checkpoint-dir, else <log-dir>/checkpoints (None if neither)."""
+    return checkpoint_dir or (os.path.join(log_dir, "checkpoints") if log_dir else None)
+
+
+def has_checkpoint(folder):
     return any(os.path.isfile(os.path.join(folder, name)) for name in CHECKPOINT_MARKERS)
+
+
+def checkpoint_exists(args):
+    return has_checkpoint(checkpoint_folder(args.checkpoint_dir, args.log_dir))
+
+
+def resuming(args):
+    """Whether this run continues from a checkpoint: --resume (the lesson then refuses a missing one), or
+    --resume auto when there is one. --resume auto without one says so (rank 0) and starts at epoch 1."""
+    if args.resume != "auto":
+        return bool(args.resume)
+    if checkpoint_exists(args):
+        return True
+    folder = checkpoint_folder(args.checkpoint_dir, args.log_dir)
+    log.info(f"--resume auto: no checkpoint in {folder}: starting at epoch 1")
+    return False
+
+
+def finished_already(args):
+    """True for --resume auto on a run that has done all its --epochs (a restarted job that had finished):
+    rank 0 says so; the lesson then returns before touching any file."""
+    done = epochs_done(args.log_dir)
+    if args.resume != "auto" or not checkpoint_exists(args) or done < args.epochs:
+        return False
+    if discover().rank == 0:
+        print(f"--resume auto: {args.log_dir} has finished {done} of {args.epochs} epoch(s) already: "
+              "nothing left to do", flush=True)
+    return True
 
 
 class Parser(argparse.ArgumentParser):
@@ -70,7 +106,9 @@ class Parser(argparse.ArgumentParser):
         super().__init__(allow_abbrev=False, **kwargs)
 
     def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        line = f"{self.prog}: error: {message} (see {self.prog} --help)"
+        record_for_torchrun(line)
+        self.exit(2, line + "\n")
 
 
 def epochs_done(log_dir):
@@ -140,22 +178,115 @@ def clip_flag(parser):
     return parser
 
 
+# Every flag that names a path, by what the run does with it. Checked before anything starts, so an unusable
+# path is one line on every rank (naming the flag) instead of a traceback after minutes of set-up.
+OUTPUT_DIRS = ("log_dir", "checkpoint_dir")  # created if missing
+INPUT_DIRS = ("data_dir",)  # must exist (with --download: created and written)
+OUTPUT_FILES = ("json",)  # zero/main.py's --json: written, its folder created if missing
+INPUT_FILES = ("deepspeed_config",)  # DeepSpeed's --deepspeed_config: read
+
+
+def flag_name(parser, dest):
+    for action in parser._actions:
+        if action.dest == dest:
+            return max(action.option_strings, key=len)
+    return "--" + dest.replace("_", "-")
+
+
+def _nearest_existing(path):
+    while not os.path.lexists(path):
+        path = os.path.dirname(path)
+    return path
+
+
+def folder_problem(path):
+    """Why `path` cannot be a folder this run writes into, or None. It may exist (a folder we can write in) or
+    not (then its nearest existing parent must be a folder we can create things in). Tried for real, with a
+    temporary folder removed at once: permissions alone do not tell (read-only mounts, /proc, root)."""
+    full = os.path.abspath(path)
+    if os.path.exists(full) and not os.path.isdir(full):
+        return "exists and is not a folder"
+    parent = full if os.path.isdir(full) else _nearest_existing(full)
+    if not os.path.isdir(parent):
+        return f"{parent} is not a folder"
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".write-test-", dir=parent))
+    except OSError as exc:
+        return f"cannot write in {parent} ({exc.strerror or exc})"
+    return None
+
+
+def file_problem(path, write):
+    full = os.path.abspath(path)
+    if os.path.isdir(full):
+        return "is a folder, not a file"
+    if not write:
+        return None if os.access(full, os.R_OK) else "no such file, or not readable"
+    if os.path.exists(full) and not os.access(full, os.W_OK):
+        return "not writable"
+    return folder_problem(os.path.dirname(full))
+
+
+def check_paths(parser, args):
+    """Every path flag usable before anything starts: one line naming the flag, exit 2, nothing created."""
+    values = vars(args)
+    for dest, kind in ([(d, "out") for d in OUTPUT_DIRS] + [(d, "in") for d in INPUT_DIRS] +
+                       [(d, "file-out") for d in OUTPUT_FILES] + [(d, "file-in") for d in INPUT_FILES]):
+        path = values.get(dest)
+        if not isinstance(path, str):
+            continue
+        flag = flag_name(parser, dest)
+        if kind == "in" and not getattr(args, "download", False):
+            if not os.path.isdir(path):
+                parser.error(f"{flag} {path}: no such directory (add --download to fetch MNIST into it)")
+            problem = None if os.access(path, os.R_OK | os.X_OK) else "not readable"
+        elif kind in ("out", "in"):
+            problem = folder_problem(path)
+        else:
+            problem = file_problem(path, write=kind == "file-out")
+        if problem:
+            parser.error(f"{flag} {path}: {problem}")
+        if kind in ("out", "in", "file-out"):
+            log.note_new_folder(path if kind != "file-out" else os.path.dirname(os.path.abspath(path)))
+
+
+def backend_problem(args):
+    """A --backend this process cannot use, found before any process group (so also in a one-rank run)."""
+    backend, torch = getattr(args, "backend", "auto"), sys.modules.get("torch")
+    if backend in ("auto", "gloo") or torch is None:  # TensorFlow lessons: the flag does not apply
+        return None
+    import torch.distributed as dist
+    if not getattr(dist, f"is_{backend}_available", lambda: True)():
+        return f"this torch ({torch.__version__}) has no {backend} backend; use --backend auto"
+    wants = GPU_BACKENDS.get(backend)
+    if wants and args.device == "auto" and not getattr(getattr(torch, wants, None), "is_available", bool)():
+        return f"connects {wants} devices and torch sees none here; use --backend auto"
+    return None
+
+
+def warn_threads(args):
+    """--num-threads above this node's cores: allowed (it may be measured on purpose), but said once."""
+    requested = getattr(args, "num_threads", None)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    if requested and requested > cores and discover().local_rank == 0:
+        sys.stderr.write(f"warning: --num-threads {requested} is more than the {cores} core(s) this process may "
+                         "use: threads will share cores\n")
+        sys.stderr.flush()
+
+
 def parse(parser, argv=None):
+    """Parse and check every flag; bad input exits 2 with one line (argparse's) before anything starts.
+
+    It changes no value and decides nothing about resuming: resuming(args) and finished_already(args) do."""
     args = parser.parse_args(argv)
-    if args.data_dir is not None and not args.download and not os.path.isdir(args.data_dir):
-        parser.error(f"--data-dir {args.data_dir}: no such directory (add --download to fetch MNIST into it)")
+    check_paths(parser, args)
     if args.resume and args.checkpoint_dir is None and args.log_dir is None:
         parser.error("--resume needs --checkpoint-dir (or the --log-dir of the run to continue)")
-    if args.resume == "auto":  # from here on every script sees a plain yes/no
-        args.resume = checkpoint_exists(args)
-        done = epochs_done(args.log_dir)
-        if args.resume and done >= args.epochs:  # a restarted job that had finished: leave its files alone
-            from utils.dist import discover
-            if discover().rank == 0:
-                print(f"--resume auto: {args.log_dir} has finished {done} of {args.epochs} epoch(s) already: "
-                      "nothing left to do", flush=True)
-            sys.exit(0)
     if args.backend in GPU_BACKENDS and args.device not in ("auto", GPU_BACKENDS[args.backend]):
         parser.error(f"--backend {args.backend} connects {GPU_BACKENDS[args.backend]} devices, not --device "
                      f"{args.device}; use --backend auto")
+    if problem := backend_problem(args):
+        parser.error(f"--backend {args.backend}: {problem}")
+    warn_threads(args)
+    log.note_args(args)
     return args

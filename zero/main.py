@@ -38,7 +38,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 from utils import data, log  # noqa: E402
 from utils import dist as course  # noqa: E402  (which variables each launcher sets)
-from utils.parse_args import non_negative_int, positive_float, positive_int  # noqa: E402
+from utils.parse_args import Parser, check_paths, non_negative_int, positive_float, positive_int  # noqa: E402
 from zero import census  # noqa: E402
 
 VARIANTS = {  # name: (label, ZeRO stage, optimizer state and step on the CPU)
@@ -71,6 +71,7 @@ def check(p, args):
         p.error("--steps must be at least 2 (Adam's state exists only after the first step)")
     if args.hidden < 16:
         p.error("--hidden must be at least 16")
+    check_paths(p, args)  # --json: a file we can write, checked before anything starts
 
 
 def mlp(hidden, layers):
@@ -82,7 +83,7 @@ def mlp(hidden, layers):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     model_flags(parser).add_argument("--variant", choices=list(VARIANTS), default="ds3",
                                      help="what is partitioned, by whom (default ds3)")
     parser.add_argument("--json", help="rank 0 writes the losses and every rank's census here")

@@ -26,7 +26,8 @@ from torch.utils.data.distributed import DistributedSampler
 
 from utils import data, log  # noqa: E402
 from utils import dist as course  # noqa: E402  (which variables each launcher sets; Horovod's CPU knobs)
-from utils.parse_args import clip_flag, get_parser, parse, positive_float, positive_int  # noqa: E402
+from utils.parse_args import (clip_flag, finished_already, get_parser, parse, positive_float,  # noqa: E402
+                              positive_int, resuming)
 from utils.schedule import lr_at, scaled_lr  # noqa: E402
 from utils.torch_utils import (Net, load_checkpoint, param_checksum, restore, save_checkpoint,  # noqa: E402
                                seed_epoch, steps_per_epoch, to_tensors)
@@ -89,6 +90,8 @@ def evaluate(model, loader):
 
 def main():
     args = parse(clip_flag(horovod_flags(get_parser(__doc__))))
+    if finished_already(args):  # --resume auto on a run that is done: touch nothing
+        return
     wall_start = time.perf_counter()
 
     # Horovod reads its knobs at init: on CPU ranks a longer cycle time (utils/dist.py says why)
@@ -147,7 +150,7 @@ def main():
         gradient_predivide_factor=args.gradient_predivide_factor, backward_passes_per_step=A)
     checkpoint = Path(args.checkpoint_dir or Path(log_dir) / "checkpoints") / "checkpoint.pt"
     first_epoch = 1
-    if args.resume and env.is_main:  # [8] rank 0 reads the checkpoint; [5]'s broadcast hands it to everyone
+    if resuming(args) and env.is_main:  # [8] rank 0 reads the checkpoint; [5]'s broadcast hands it to everyone
         first_epoch = restore(model, optimizer, load_checkpoint(checkpoint, env.device), checkpoint) + 1
         log.info(f"resumed from {checkpoint}: continuing at epoch {first_epoch}")
     first_epoch = hvd.broadcast_object(first_epoch, root_rank=0)

@@ -20,7 +20,7 @@ utils.course_output()
 
 from utils import data, log  # noqa: E402
 from utils import dist as course  # noqa: E402  (which variables each launcher sets; Horovod's CPU knobs)
-from utils.parse_args import get_parser, parse, positive_float  # noqa: E402
+from utils.parse_args import finished_already, get_parser, parse, positive_float, resuming  # noqa: E402
 from utils.schedule import lr_at, scaled_lr  # noqa: E402
 from utils.tf_utils import build_model, checksum, configure_tf, images, one_thread, restore_latest  # noqa: E402
 
@@ -109,6 +109,8 @@ def evaluate(model, dataset):
 
 def main():
     args = parse(horovod_flags(get_parser(__doc__)))
+    if finished_already(args):  # --resume auto on a run that is done: touch nothing
+        return
     if args.grad_accum != 1:
         raise log.UserError("--grad-accum is implemented in the PyTorch examples only")
     wall_start = time.perf_counter()
@@ -152,7 +154,7 @@ def main():
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, epoch=epoch_var)
     manager = tf.train.CheckpointManager(checkpoint, args.checkpoint_dir or str(Path(log_dir) / "checkpoints"),
                                          max_to_keep=2)
-    if args.resume and env.is_main:  # [8] rank 0 restores; [5]'s broadcast hands the state to everyone
+    if resuming(args) and env.is_main:  # [8] rank 0 restores; [5]'s broadcast hands the state to everyone
         restored = restore_latest(checkpoint, manager)  # one line on stderr if it is missing or does not fit
         log.info(f"resumed from {restored}: continuing at epoch {int(epoch_var) + 1}")
     first_epoch = hvd.broadcast_object(int(epoch_var), root_rank=0) + 1

@@ -1,8 +1,9 @@
 """Test-only fault injection, from outside the examples: nothing in a lesson or in utils/ knows about it.
 
-tests/test_failures.py runs an example with tests/hooks on PYTHONPATH and one of the variables below set;
-Python then imports tests/hooks/sitecustomize.py at start-up (in every rank, under any launcher: they all
-pass the environment on), which wraps two functions of utils/log.py before the example imports it:
+The failure tests (tests/test_failures_*.py) run an example with tests/hooks on PYTHONPATH and one of the
+variables below set; Python then imports tests/hooks/sitecustomize.py at start-up (in every rank, under any
+launcher: they all pass the environment on), which wraps two functions of utils/log.py before the example
+imports it:
 `Progress.update` (called once per training step on every rank) and `atomic_write` (every file the course
 writes). The failure then happens at a chosen moment, through the real code paths:
 
@@ -16,8 +17,27 @@ COURSE_DIE_IN_WRITE=<file name>:<n>
 COURSE_DIE_ON_FILE=<glob>
     For writers that are not ours (TensorFlow's CheckpointManager): a thread watches for a path matching the
     glob and SIGKILLs this process the moment one appears, i.e. while that checkpoint is being written.
+
+Planted bugs of distributed code (torch.distributed lessons; diagnose/hangs.md shows each one):
+
+COURSE_PLANT=<bug>[:<rank>:<epoch>:<step>]   (default rank 1, epoch 1, step 3; first attempt only)
+    rank0-collective  rank 0 alone calls a collective (dist.barrier: "evaluate on rank 0" done wrong); the
+                      given rank is ignored
+    mismatch          every rank calls dist.all_reduce, with a tensor of (rank + 2) elements: shapes differ
+    stop              that rank stops itself (SIGSTOP): alive, silent, like a hung node
+    die-early         that rank exits (code 3) right after joining the process group, before any collective
+                      (the given epoch and step are ignored)
+    no-set-epoch      DistributedSampler.set_epoch does nothing: no hang, but every epoch repeats the first
+                      epoch's order (the data-order check below shows it)
+COURSE_MONITOR=<seconds>
+    Every rank calls dist.monitored_barrier(timeout=<seconds>) after each training step: the recipe that
+    names the rank that did not arrive (gloo only).
+COURSE_DATA_ORDER=<folder>
+    Every rank writes the first 8 sample indices its shuffling DistributedSampler gives each epoch to
+    <folder>/rank<r>.jsonl: the data-order check.
 """
 import glob
+import json
 import os
 import signal
 import threading
@@ -61,6 +81,72 @@ def in_write(path, f, tmp):
         _die(kill=True)
 
 
+def _plant():
+    """(bug, rank, epoch, step) from COURSE_PLANT, or None."""
+    spec = os.environ.get("COURSE_PLANT")
+    if not spec or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
+        return None
+    bug, *numbers = spec.split(":")
+    rank, epoch, step = [int(n) for n in numbers] if numbers else (1, 1, 3)
+    return bug, rank, epoch, step
+
+
+def planted_at_step(rank, epoch, step):
+    """The planted bugs that fire at a training step (called before that step's own update)."""
+    plant = _plant()
+    if plant and plant[2:] == (epoch, step):
+        _fire(plant, rank, epoch, step)
+    if os.environ.get("COURSE_MONITOR"):
+        import datetime
+        import torch.distributed as dist
+        dist.monitored_barrier(timeout=datetime.timedelta(seconds=float(os.environ["COURSE_MONITOR"])))
+
+
+def _fire(plant, rank, epoch, step):
+    bug, who = plant[0], plant[1]
+    import torch
+    import torch.distributed as dist
+    if bug == "rank0-collective" and rank == 0:
+        print(f"COURSE_PLANT: rank 0 alone calls dist.barrier() at epoch {epoch} step {step}", flush=True)
+        dist.barrier()
+    elif bug == "mismatch":
+        print(f"COURSE_PLANT: rank {rank} all-reduces {rank + 2} numbers at epoch {epoch} step {step}", flush=True)
+        dist.all_reduce(torch.zeros(rank + 2))
+    elif bug == "stop" and rank == who:
+        print(f"COURSE_PLANT: rank {rank} stops itself (SIGSTOP) at epoch {epoch} step {step}", flush=True)
+        os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def _install_plants(log):
+    plant = _plant()
+    if plant and plant[0] == "die-early":
+        configure = log.configure
+
+        def configure_and_maybe_die(rank, *args, **kwargs):  # lessons call it right after joining the group
+            if rank == plant[1]:
+                print(f"COURSE_PLANT: rank {rank} exits before its first collective", flush=True)
+                os._exit(3)
+            return configure(rank, *args, **kwargs)
+        log.configure = configure_and_maybe_die
+    if (plant and plant[0] == "no-set-epoch") or os.environ.get("COURSE_DATA_ORDER"):
+        from torch.utils.data.distributed import DistributedSampler
+        if plant and plant[0] == "no-set-epoch":
+            DistributedSampler.set_epoch = lambda self, epoch: None
+        if os.environ.get("COURSE_DATA_ORDER"):
+            iterate = DistributedSampler.__iter__
+
+            def iterate_and_record(self):
+                indices = list(iterate(self))
+                if not self.shuffle:  # the test set's sampler: the same order by design
+                    return iter(indices)
+                folder = os.environ["COURSE_DATA_ORDER"]
+                os.makedirs(folder, exist_ok=True)
+                with open(os.path.join(folder, f"rank{self.rank}.jsonl"), "a") as f:
+                    f.write(json.dumps({"epoch_seen": self.epoch, "first": indices[:8]}) + "\n")
+                return iter(indices)
+            DistributedSampler.__iter__ = iterate_and_record
+
+
 def _watch(pattern):
     while not glob.glob(pattern):
         time.sleep(0.0005)
@@ -77,7 +163,8 @@ def install():
 
     def update_and_maybe_fail(self, step, loss):
         at_step(log._RANK, self.epoch, step)
-        return update(self, step, loss)
+        update(self, step, loss)
+        planted_at_step(log._RANK, self.epoch, step)
     log.Progress.update = update_and_maybe_fail
 
     atomic_write = log.atomic_write
@@ -89,6 +176,7 @@ def install():
             in_write(path, f, os.readlink(f"/proc/self/fd/{f.fileno()}"))  # the temporary file's name
         return atomic_write(path, write_then_check, mode)
     log.atomic_write = atomic_write_and_maybe_die
+    _install_plants(log)
 
     if os.environ.get("COURSE_DIE_ON_FILE"):
         threading.Thread(target=_watch, args=(os.environ["COURSE_DIE_ON_FILE"],), daemon=True).start()

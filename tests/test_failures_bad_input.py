@@ -1,0 +1,214 @@
+"""Bad flags, data, checkpoints and world sizes: one `error:` line per rank, exit 2, nothing half-written."""
+import json
+import os
+import sys
+
+import pytest
+import torch
+
+from support import ROOT, error_lines, mpiexec, python, run
+from failures_support import (DDP, DS, HVD_TF, HVD_TORCH, RESUMABLE, SCRIPTS, assert_log_dir_sound, checked,
+                              write_idx_set)
+from failures_support import tiny  # noqa: F401,F811  (fixtures)
+
+
+BAD_FLAGS = [  # (flag and value, words the error line must contain): every common flag of utils/parse_args.py
+    (["--epochs", "0"], "--epochs"), (["--batch-size", "-1"], "--batch-size"),
+    (["--test-batch-size", "x"], "--test-batch-size"), (["--lr", "nan"], "--lr"),
+    (["--lr-warmup-epochs", "-1"], "--lr-warmup-epochs"), (["--momentum", "1"], "--momentum"),
+    (["--dropout", "0.5"], "--dropout"), (["--grad-accum", "0"], "--grad-accum"), (["--seed", "-3"], "--seed"),
+    (["--max-steps", "0"], "--max-steps"), (["--log-interval", "0"], "--log-interval"),
+    (["--device", "tpu"], "--device"), (["--backend", "foo"], "--backend"), (["--num-threads", "0"], "--num-threads"),
+    (["--dist-timeout", "0"], "--dist-timeout"), (["--resume", "maybe"], "--resume"),
+    (["--data-dir", "/no/such/dir"], "/no/such/dir"), (["--no-such-flag"], "--no-such-flag"),
+    (["--epochs"], "--epochs"),
+]
+# One process per script runs the whole table: it executes the script's __main__ once per row and captures
+# what that row prints on stderr and the exit code (all are argparse or early checks: nothing has started).
+DRIVER = """
+import contextlib, io, json, runpy, sys
+script, prefix, rows = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
+results = []
+for row in rows:
+    sys.argv = [script] + prefix + row
+    err = io.StringIO()
+    code = "finished"
+    with contextlib.redirect_stderr(err):
+        try:
+            runpy.run_path(script, run_name="__main__")
+        except SystemExit as exc:
+            code = exc.code
+    results.append({"code": code, "stderr": err.getvalue()})
+print("RESULTS " + json.dumps(results))
+"""
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_every_common_flag_with_a_bad_value_is_one_line_and_exit_2(tmp_path, tiny, script):
+    # The valid flags come first: a bad value after them wins, and if it were accepted the run would be short.
+    prefix = ["--epochs", "1", "--max-steps", "1", "--data-dir", str(tiny), "--log-dir", str(tmp_path / "log")]
+    result = run([sys.executable, "-c", DRIVER, str(ROOT / script), json.dumps(prefix),
+                  json.dumps([flags for flags, _ in BAD_FLAGS])], timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    line = next(line for line in result.stdout.splitlines() if line.startswith("RESULTS "))
+    for (flags, words), outcome in zip(BAD_FLAGS, json.loads(line[len("RESULTS "):])):
+        errors = error_lines(outcome["stderr"])
+        assert outcome["code"] == 2, (flags, outcome)
+        assert len(errors) == 1 and words in errors[0], (flags, outcome["stderr"])
+        assert "Traceback" not in outcome["stderr"], (flags, outcome["stderr"])
+    assert not (tmp_path / "log").exists() or not any((tmp_path / "log").iterdir())
+
+
+def unreadable_data(folder):
+    write_idx_set(folder, 64, 16)
+    path = folder / "train-images-idx3-ubyte"
+    path.unlink()
+    path.mkdir()  # a folder where a file should be: unreadable even for root (chmod 000 is not)
+    return folder, "cannot read"
+
+
+def corrupted_data(folder):
+    write_idx_set(folder, 64, 16)
+    (folder / "train-labels-idx1-ubyte").write_bytes(os.urandom(64))
+    return folder, "not an MNIST IDX file"
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+@pytest.mark.parametrize("make", [unreadable_data, corrupted_data], ids=["unreadable", "corrupted"])
+def test_bad_data_dir_is_one_line_and_non_zero(tmp_path, script, make):
+    folder, words = make(tmp_path / "data")
+    result = run(python(script, "--data-dir", folder, "--log-dir", tmp_path / "log", "--num-threads", "1"),
+                 timeout=120)
+    assert result.returncode == 2
+    errors = error_lines(result.stderr)
+    assert len(errors) == 1 and words in errors[0] and str(folder) in errors[0], result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    assert_log_dir_sound(tmp_path / "log")
+
+
+
+# --- checkpoints that must not load: corrupted, truncated, or of another model ------------------------------
+class OtherNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(784, 10)
+
+
+class RunsCode:
+    """Unpickling this calls os.mkdir(marker): what a malicious checkpoint could do with any function."""
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return os.mkdir, (self.marker,)
+
+
+def plant_code(path, marker):
+    """Add an object that runs code when unpickled to the checkpoint file at `path` (our own file)."""
+    state = torch.load(path, weights_only=False)
+    state["payload"] = RunsCode(marker)
+    torch.save(state, path)
+
+
+def torch_checkpoints(folder):
+    """The torch examples' checkpoint.pt: a real one (truncated, corrupted) and one of another model."""
+    from utils.torch_utils import Net
+    net = Net()
+    real = {"model": net.state_dict(), "optimizer": torch.optim.SGD(net.parameters(), lr=0.1).state_dict(),
+            "epoch": 1}
+    other = OtherNet()
+    foreign = {"model": other.state_dict(), "optimizer": torch.optim.SGD(other.parameters(), lr=0.1).state_dict(),
+               "epoch": 1}
+    cases = {}
+    for name, mutate in [("truncated", lambda b: b[:len(b) // 2]), ("corrupted", lambda b: os.urandom(len(b))),
+                         ("other-model", None)]:
+        ckpt = folder / name / "checkpoints" / "checkpoint.pt"
+        ckpt.parent.mkdir(parents=True)
+        torch.save(foreign if mutate is None else real, ckpt)
+        if mutate:
+            ckpt.write_bytes(mutate(ckpt.read_bytes()))
+        cases[name] = folder / name
+    ckpt = folder / "runs-code" / "checkpoints" / "checkpoint.pt"
+    ckpt.parent.mkdir(parents=True)
+    torch.save(real, ckpt)
+    plant_code(ckpt, folder / "runs-code" / "code-ran")
+    cases["runs-code"] = folder / "runs-code"
+    return cases
+
+
+def framework_checkpoint(script, log_dir, tiny):
+    """One epoch of one step, to get that framework's own checkpoint files."""
+    checked(run(python(script, "--epochs", "1", "--max-steps", "1", "--num-threads", "1", "--data-dir", tiny,
+                       "--log-dir", log_dir), timeout=180))
+    return log_dir
+
+
+def corrupt_largest(log_dir, pattern, mutate):
+    path = max((log_dir / "checkpoints").rglob(pattern), key=lambda p: p.stat().st_size)
+    path.write_bytes(mutate(path.read_bytes()))
+
+
+
+@pytest.mark.parametrize("script", RESUMABLE)
+def test_bad_checkpoint_is_one_line_and_leaves_the_log_dir_alone(tmp_path, tiny, script):
+    import shutil
+    if script in (DDP, HVD_TORCH):
+        cases = torch_checkpoints(tmp_path)
+    else:
+        good = framework_checkpoint(script, tmp_path / "good", tiny)
+        cases = {}
+        for name in ("truncated", "corrupted"):
+            shutil.copytree(good, tmp_path / name)
+            cases[name] = tmp_path / name
+        pattern = "*.data-*" if script == HVD_TF else "*model_states.pt"
+        corrupt_largest(cases["truncated"], pattern, lambda b: b[:len(b) // 2])
+        corrupt_largest(cases["corrupted"], pattern, lambda b: os.urandom(len(b)))
+        cases["other-model"] = other_model_checkpoint(script, good, tmp_path / "other-model")
+        if script == DS:  # weights_only=True: DeepSpeed's own loader would run this (weights_only=False)
+            shutil.copytree(good, tmp_path / "runs-code")
+            plant_code(next((tmp_path / "runs-code" / "checkpoints").rglob("*model_states.pt")),
+                       tmp_path / "runs-code" / "code-ran")
+            cases["runs-code"] = tmp_path / "runs-code"
+    for name, log_dir in cases.items():
+        before = {p.relative_to(log_dir): p.read_bytes() for p in log_dir.rglob("*") if p.is_file()}
+        result = run(python(script, "--resume", "--data-dir", tiny, "--num-threads", "1", "--log-dir", log_dir),
+                     timeout=180)
+        errors = error_lines(result.stderr)
+        assert result.returncode == 2, (name, result.stderr[-3000:])
+        assert len(errors) == 1 and "checkpoint" in errors[0], (name, result.stderr[-3000:])
+        assert "Traceback" not in result.stderr, (name, result.stderr[-3000:])
+        assert_log_dir_sound(log_dir, before)
+        assert not (log_dir / "code-ran").exists(), "a checkpoint ran code while loading"
+        print(f"\n[{script} {name}] {errors[0]}")
+
+
+def other_model_checkpoint(script, good, log_dir):
+    """The same framework's checkpoint files, but holding a different model's weights."""
+    import shutil
+    shutil.copytree(good, log_dir)
+    if script == DS:
+        path = next((log_dir / "checkpoints").rglob("*model_states.pt"))
+        state = torch.load(path, weights_only=False)  # our own file, written a moment ago
+        state["module"] = OtherNet().state_dict()
+        torch.save(state, path)
+    else:  # TensorFlow: a checkpoint of a 2-layer dense model under the same names
+        code = ("import os, sys; os.environ['TF_CPP_MIN_LOG_LEVEL'] = '2'; import keras, tensorflow as tf; "
+                "m = keras.Sequential([keras.Input((28, 28, 1)), keras.layers.Flatten(), keras.layers.Dense(10)]); "
+                "o = keras.optimizers.SGD(0.1, momentum=0.5); o.build(m.trainable_variables); "
+                "c = tf.train.Checkpoint(model=m, optimizer=o, epoch=tf.Variable(1, dtype=tf.int64)); "
+                "tf.train.CheckpointManager(c, sys.argv[1], max_to_keep=2).save()")
+        shutil.rmtree(log_dir / "checkpoints")
+        checked(run([sys.executable, "-c", code, log_dir / "checkpoints"], timeout=120))
+    return log_dir
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_more_ranks_than_training_samples_fails_every_rank(tmp_path, script):
+    one = write_idx_set(tmp_path / "one", 1, 10)  # one training digit, two ranks
+    result = run(mpiexec(2, script, "--data-dir", one, "--batch-size", "1", "--num-threads", "1",
+                         "--log-dir", tmp_path / "log"), timeout=180)
+    assert result.returncode != 0
+    errors = error_lines(result.stderr)
+    assert len(errors) == 2 and all("too few for 2 ranks" in e for e in errors), result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "log").exists(), "a run that failed before its first epoch left its log dir"

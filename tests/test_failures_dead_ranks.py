@@ -1,0 +1,47 @@
+"""A rank dies (SIGKILL) or hangs (SIGSTOP) mid-epoch: the whole job ends, under every launcher, in one line."""
+import re
+import signal
+
+import pytest
+
+from support import error_lines, horovodrun, torchrun
+from failures_support import (DDP, DS, HVD_TF, HVD_TORCH, KILL_LAUNCHES, assert_log_dir_sound,
+                              assert_no_traceback_through_the_example, signal_rank_1)
+
+
+@pytest.mark.parametrize("script,launcher", KILL_LAUNCHES)
+def test_sigkill_of_one_rank_ends_the_whole_job(tmp_path, script, launcher):
+    """SIGKILL rank 1 mid-epoch: rank 0 must be gone and the launcher must return non-zero within 60 s."""
+    rc, survivor_s, launcher_s, output = signal_rank_1(tmp_path, script, launcher, signal.SIGKILL)
+    print(f"\n[{script} / {launcher.__name__}] rank 0 gone {survivor_s:.2f} s after SIGKILL of rank 1; "
+          f"launcher exit {rc} after {launcher_s:.2f} s")
+    assert rc != 0
+    assert not (tmp_path / "log" / "summary.json").exists()  # no rank finished as if nothing happened
+    assert_log_dir_sound(tmp_path / "log")
+    assert_no_traceback_through_the_example(output)
+
+
+
+@pytest.mark.parametrize("script,launcher", [pytest.param(DDP, torchrun, id="ddp-torchrun"),
+                                             pytest.param(DS, torchrun, id="deepspeed-torchrun"),
+                                             pytest.param(HVD_TORCH, horovodrun, id="hvd-torch-horovodrun-gloo"),
+                                             pytest.param(HVD_TF, horovodrun, id="hvd-tf-horovodrun-gloo")])
+def test_a_hung_rank_ends_the_job_after_the_collective_timeout(tmp_path, script, launcher):
+    """SIGSTOP rank 1 (alive, silent: a hung node): with --dist-timeout 10 rank 0's collective gives up after
+    10 s, rank 0 exits with one line, and the launcher tears the job down (SIGKILL reaches a stopped process).
+    Horovod's examples turn --dist-timeout into HOROVOD_GLOO_TIMEOUT_SECONDS (utils/dist.horovod_knobs)."""
+    rc, survivor_s, launcher_s, output = signal_rank_1(tmp_path, script, launcher, signal.SIGSTOP,
+                                                       "--dist-timeout", "10")
+    print(f"\n[{script} / hung rank 1] rank 0 gone after {survivor_s:.1f} s; launcher exit {rc} after {launcher_s:.1f} s")
+    assert rc != 0
+    assert survivor_s >= 9, "rank 0 gave up before the 10 s timeout: it did not wait on the collective"
+    # ... and the 10 s came from --dist-timeout, not a library default (gloo in Horovod: 30 s; torch: 30 min)
+    assert survivor_s < 25, f"rank 0 waited {survivor_s:.0f} s: --dist-timeout 10 did not reach the collectives"
+    # the one line names the waiting rank, the call and line it waited in, how long, epoch and step, what next
+    said = r"error: rank 0 waited 1\d s in \w+ at \S+:\d+ in epoch 1 after step \d+/\d+ .*diagnose/stacks.py"
+    waited = [line for line in error_lines(output) if re.search(said, line)]
+    assert len(waited) == 1, output[-4000:]
+    assert_no_traceback_through_the_example(output)
+    assert_log_dir_sound(tmp_path / "log")
+
+

@@ -1,0 +1,163 @@
+"""Ctrl-C (SIGINT to the whole job) and a scheduler's walltime warning (SIGTERM): every rank stops
+within seconds with one line (where it stopped, the last good checkpoint, "rerun with --resume
+auto"), the conventional exit code, no traceback through the lessons, and the checkpoint loads
+again. Also: a run stopped before its first result leaves no folder behind."""
+
+import os
+import re
+import signal
+import subprocess
+import time
+
+import psutil
+import pytest
+
+from support import BIN, ROOT, deepspeed_launcher, horovodrun, mpiexec, run, torchrun
+from failures_support import DDP, DS, HVD_TF, HVD_TORCH, ranks_of
+
+STOP_DEADLINE_S = 20
+
+
+def start(cmd, out_path):
+    env = dict(
+        os.environ,
+        PYTHONUNBUFFERED="1",
+        TF_CPP_MIN_LOG_LEVEL="2",
+        PATH=f"{BIN}:{os.environ.get('PATH', '')}",
+    )
+    with open(out_path, "w") as out:
+        return subprocess.Popen(
+            [str(c) for c in cmd],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def wait_for(proc, out_path, pattern, deadline_s=240):
+    deadline = time.monotonic() + deadline_s
+    while not re.search(pattern, out_path.read_text()):
+        assert proc.poll() is None, (
+            f"exited early ({proc.returncode}):\n{out_path.read_text()[-3000:]}"
+        )
+        assert time.monotonic() < deadline, (
+            f"never saw {pattern!r}:\n{out_path.read_text()[-3000:]}"
+        )
+        time.sleep(0.2)
+
+
+def interrupt(tmp_path, script, launcher, sig, at):
+    """Start a 2-rank job of 20-step epochs, send `sig` to the whole job (as a terminal's Ctrl-C or
+    a scheduler does) once `at` appears; return the launcher's exit code, seconds until every rank
+    and the launcher were gone, the output after the signal, and the whole output."""
+    out_path = tmp_path / "output.txt"
+    proc = start(
+        launcher(
+            2,
+            script,
+            "--epochs",
+            "50",
+            "--max-steps",
+            "20",
+            "--log-interval",
+            "5",
+            "--num-threads",
+            "1",
+            "--log-dir",
+            tmp_path / "log",
+        ),
+        out_path,
+    )
+    try:
+        wait_for(proc, out_path, at)
+        ranks = list(ranks_of(proc.pid, script).values())
+        assert len(ranks) == 2
+        before = len(out_path.read_text())
+        os.killpg(proc.pid, sig)
+        sent = time.monotonic()
+        _, alive = psutil.wait_procs(ranks, timeout=STOP_DEADLINE_S)
+        assert not alive, (
+            f"ranks still running {STOP_DEADLINE_S} s after {sig!r}:\n"
+            f"{out_path.read_text()[-3000:]}"
+        )
+        rc = proc.wait(timeout=STOP_DEADLINE_S)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    output = out_path.read_text()
+    return rc, took, output[before:], output
+
+
+CASES = [
+    pytest.param(DDP, torchrun, signal.SIGINT, id="ddp-torchrun-sigint"),
+    pytest.param(DDP, mpiexec, signal.SIGTERM, id="ddp-mpiexec-sigterm"),
+    pytest.param(DS, deepspeed_launcher, signal.SIGINT, id="deepspeed-deepspeed-sigint"),
+    pytest.param(HVD_TORCH, horovodrun, signal.SIGTERM, id="hvd-torch-horovodrun-sigterm"),
+    pytest.param(HVD_TF, mpiexec, signal.SIGINT, id="hvd-tf-mpiexec-sigint"),
+]
+
+
+@pytest.mark.parametrize("script,launcher,sig", CASES)
+def test_a_signal_stops_every_rank_in_one_line_and_the_checkpoint_resumes(
+    tmp_path, script, launcher, sig
+):
+    rc, took, after, output = interrupt(tmp_path, script, launcher, sig, r"epoch 2 step 10/")
+    print(
+        f"\n[{script} / {launcher.__name__} / {sig.name}] every rank gone after {took:.1f} s, "
+        f"launcher exit {rc}"
+    )
+    stopped = [
+        line for line in after.splitlines() if re.search(r"stopped: rank \d stopped by", line)
+    ]
+    print("\n".join(stopped))
+    assert sorted(int(re.search(r"rank (\d)", line).group(1)) for line in stopped) == [0, 1], after[
+        -3000:
+    ]
+    for line in stopped:
+        assert f"stopped by {sig.name} in epoch 2 after step" in line, line
+        assert (
+            "last good checkpoint:" in line
+            and "(epoch 1)" in line
+            and "rerun with --resume auto" in line
+        ), line
+    assert not re.search(rf'File "{re.escape(str(ROOT))}/(DDP|horovod|deepspeed)/', output), after[
+        -3000:
+    ]
+    if launcher in (mpiexec,):  # the launcher passes the ranks' exit code on: 128 + the signal
+        assert rc == 128 + sig, rc
+        # the two lines, a progress line in flight, and Hydra's two on SIGINT ("Sending Ctrl-C to
+        # processes")
+        assert len(after.splitlines()) <= 5, after
+    else:
+        assert rc != 0
+    # the checkpoint is intact: the same job continues from it
+    resumed = run(
+        launcher(
+            2,
+            script,
+            "--epochs",
+            "2",
+            "--max-steps",
+            "2",
+            "--num-threads",
+            "1",
+            "--resume",
+            "auto",
+            "--log-dir",
+            tmp_path / "log",
+        ),
+        timeout=240,
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "continuing at epoch 2" in resumed.stdout
+
+
+def test_stopped_before_the_first_epoch_leaves_no_folder(tmp_path):
+    rc, took, after, _ = interrupt(tmp_path, DDP, mpiexec, signal.SIGINT, r"epoch 1 step 5/")
+    assert rc == 130
+    assert after.count("no checkpoint written yet: a rerun starts at epoch 1") == 2, after
+    assert not (tmp_path / "log").exists(), list((tmp_path / "log").rglob("*"))

@@ -1,0 +1,193 @@
+"""Bad input on every path, in every lesson and under every launcher: an unusable path flag, a float
+that is not finite or a backend this process cannot use is one `error:` line per rank naming the
+flag, exit 2, before anything starts, and nothing is created; a thread count above the cores is one
+warning line."""
+
+import json
+import os
+import re
+import sys
+
+import pytest
+
+from support import ROOT, deepspeed_launcher, error_lines, horovodrun, mpiexec, run, torchrun
+from failures_support import DDP, DS, HVD_TF, HVD_TORCH, KERAS, tiny  # noqa: F401  (a fixture)
+
+ZERO, TP, PP = (
+    "zero/main.py",
+    "model_parallel/tensor_parallel.py",
+    "model_parallel/pipeline_parallel.py",
+)
+TORCH_LESSONS = [DDP, HVD_TORCH, DS, TP, PP]
+COMMON = TORCH_LESSONS + [HVD_TF, KERAS]  # the lessons on utils/parse_args.py's shared flags
+NOT_A_FOLDER = "/dev/null/x"  # below a file: nothing can be created there, even by root
+NO_WRITE = "/proc/x"  # /proc takes no new entries, even from root (chmod does not stop root)
+
+# (flags, words the one error line must contain); {new} is a path below a folder that does not exist
+# yet,
+# {file} an existing file. The run must not create {new}'s folder.
+COMMON_ROWS = [
+    (["--log-dir", NO_WRITE], "--log-dir /proc/x: cannot write in /proc"),
+    (["--log-dir", "{file}"], "is not a folder"),
+    (
+        ["--checkpoint-dir", NOT_A_FOLDER, "--log-dir", "{new}"],
+        "--checkpoint-dir /dev/null/x: /dev/null is not a folder",
+    ),
+    (["--log-dir", "{new}", "--checkpoint-dir", NO_WRITE], "--checkpoint-dir /proc/x"),
+    (["--data-dir", "{new}"], "--data-dir"),
+    (["--data-dir", NO_WRITE, "--download"], "--data-dir /proc/x: cannot write in /proc"),
+    (["--log-dir", "{new}", "--lr", "inf"], "--lr: must be a finite number > 0, got inf"),
+    (["--log-dir", "{new}", "--momentum", "nan"], "--momentum"),
+]
+# torch.distributed's backends: refused in one process too (no process group is needed to know)
+TORCH_ROWS = [
+    (["--log-dir", "{new}", "--backend", "nccl"], "--backend nccl"),
+    (["--log-dir", "{new}", "--backend", "mpi"], "--backend mpi: this torch"),
+]
+OWN_ROWS = {  # the flags of the lessons' own parsers
+    ZERO: [
+        (["--json", "/proc/x/out.json"], "--json /proc/x/out.json"),
+        (["--json", "{dir}"], "is a folder"),
+        (["--lr", "inf"], "--lr"),
+        (["--json", "{new}/out.json", "--lr", "-inf"], "--lr"),
+    ],
+    DS: [
+        (["--deepspeed_config", "{new}/ds.json"], "--deepspeed_config"),
+        (["--log-dir", "{new}", "--lr", "1e999"], "--lr"),
+    ],
+    HVD_TORCH: [
+        (
+            ["--log-dir", "{new}", "--gradient-predivide-factor", "inf"],
+            "--gradient-predivide-factor",
+        ),
+        (["--log-dir", "{new}", "--clip-grad-norm", "inf"], "--clip-grad-norm"),
+    ],
+    HVD_TF: [
+        (
+            ["--log-dir", "{new}", "--gradient-predivide-factor", "nan"],
+            "--gradient-predivide-factor",
+        )
+    ],
+}
+
+
+def rows_for(script):
+    if script == ZERO:
+        return OWN_ROWS[ZERO]
+    return COMMON_ROWS + (TORCH_ROWS if script in TORCH_LESSONS else []) + OWN_ROWS.get(script, [])
+
+
+# One process per lesson runs its whole table: it executes the lesson's __main__ once per row and
+# keeps what
+# that row printed on stderr and its exit code (all refusals come before anything starts).
+DRIVER = """
+import contextlib, io, json, runpy, sys
+script, rows = sys.argv[1], json.loads(sys.argv[2])
+results = []
+for row in rows:
+    sys.argv = [script] + row
+    err = io.StringIO()
+    code = "finished"
+    with contextlib.redirect_stderr(err):
+        try:
+            runpy.run_path(script, run_name="__main__")
+        except SystemExit as exc:
+            code = exc.code
+    results.append({"code": code, "stderr": err.getvalue()})
+print("RESULTS " + json.dumps(results))
+"""
+
+
+@pytest.mark.parametrize("script", [DDP, HVD_TORCH, HVD_TF, KERAS, DS, ZERO, TP, PP])
+def test_every_unusable_path_and_non_finite_float_is_one_line_exit_2_and_creates_nothing(
+    tmp_path, script
+):
+    (tmp_path / "a-file").write_text("")
+    (tmp_path / "a-dir").mkdir()
+    names = dict(
+        new=str(tmp_path / "new" / "run"),
+        file=str(tmp_path / "a-file"),
+        dir=str(tmp_path / "a-dir"),
+    )
+    table = rows_for(script)
+    rows = [[flag.format(**names) for flag in flags] for flags, _ in table]
+    result = run([sys.executable, "-c", DRIVER, str(ROOT / script), json.dumps(rows)], timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    line = next(line for line in result.stdout.splitlines() if line.startswith("RESULTS "))
+    for (flags, words), outcome in zip(table, json.loads(line[len("RESULTS ") :])):
+        errors = error_lines(outcome["stderr"])
+        assert outcome["code"] == 2, (script, flags, outcome)
+        assert len(errors) == 1 and words in errors[0], (script, flags, outcome["stderr"])
+        assert "Traceback" not in outcome["stderr"], (script, flags, outcome["stderr"])
+        print(f"\n[{script} {' '.join(flags)}] {errors[0]}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-dir", "a-file"], (
+        "a refused run created something"
+    )
+    assert not any((tmp_path / "a-dir").iterdir())
+
+
+LAUNCHES = [
+    pytest.param(DDP, torchrun, id="ddp-torchrun"),
+    pytest.param(DDP, mpiexec, id="ddp-mpiexec"),
+    pytest.param(HVD_TORCH, horovodrun, id="hvd-torch-horovodrun"),
+    pytest.param(HVD_TF, mpiexec, id="hvd-tf-mpiexec"),
+    pytest.param(KERAS, horovodrun, id="keras-horovodrun"),
+    pytest.param(DS, deepspeed_launcher, id="deepspeed-deepspeed"),
+    pytest.param(ZERO, torchrun, id="zero-torchrun"),
+    pytest.param(TP, mpiexec, id="tp-mpiexec"),
+    pytest.param(PP, torchrun, id="pp-torchrun"),
+]
+
+
+@pytest.mark.parametrize("script,launcher", LAUNCHES)
+def test_an_unusable_path_is_one_line_per_rank_under_every_launcher(tmp_path, script, launcher):
+    flags = (
+        ["--json", "/proc/x/out.json"]
+        if script == ZERO
+        else ["--log-dir", str(tmp_path / "new" / "run"), "--checkpoint-dir", NOT_A_FOLDER]
+    )
+    result = run(launcher(2, script, *flags), timeout=240)
+    output = result.stdout + result.stderr
+    errors = error_lines(output)
+    assert result.returncode != 0
+    # horovodrun terminates the other workers the moment one exits: the slower rank may not get to
+    # say it
+    assert len(errors) in ((1, 2) if launcher is horovodrun else (2,)), output[-3000:]
+    assert all(flags[-2] in line for line in errors), output[-3000:]
+    assert not re.search(
+        rf'File "{re.escape(str(ROOT))}/(DDP|horovod|deepspeed|zero|model_parallel)/', output
+    ), output[
+        -3000:
+    ]  # (the launchers' own tracebacks are theirs: horovodrun raises one when a rank fails)
+    assert list(tmp_path.iterdir()) == []
+    if launcher is torchrun:  # the line is torchrun's root cause, not `error_file: <N/A>`
+        root_cause = output[output.index("Root Cause") :]
+        assert "error_file: <N/A>" not in root_cause and flags[-2] in root_cause, root_cause
+
+
+def test_more_threads_than_cores_is_one_warning_for_the_node(tmp_path, tiny):  # noqa: F811
+    cores = len(os.sched_getaffinity(0))
+    result = run(
+        mpiexec(
+            2,
+            DDP,
+            "--num-threads",
+            cores + 1,
+            "--epochs",
+            "1",
+            "--max-steps",
+            "1",
+            "--data-dir",
+            tiny,
+            "--log-dir",
+            tmp_path / "log",
+        ),
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    warnings = [
+        line for line in result.stderr.splitlines() if line.startswith("warning: --num-threads")
+    ]
+    assert len(warnings) == 1 and f"more than the {cores} core(s)" in warnings[0], result.stderr[
+        -3000:
+    ]

@@ -1,0 +1,110 @@
+"""Killed runs resume to the uninterrupted result; the same command twice gives the same result."""
+import signal
+
+import pytest
+import torch
+
+from support import (error_lines, launch_command, metrics,
+                      python, run, summary, torchrun)
+from failures_support import (DDP, DS, HVD_TF, HVD_TORCH, SCRIPTS, assert_log_dir_sound, checked, quick,
+                              remove_the_half_written_file, without_timing)
+from failures_support import straight_run, tiny  # noqa: F401,F811  (fixtures)
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_same_command_twice_gives_identical_metrics(tmp_path, tiny, straight_run, script):
+    """Pinned: --seed (weight init: torch.manual_seed / keras.utils.set_random_seed), the data order (numpy
+    generator seeded by seed + epoch), dropout masks (reseeded per epoch and rank), the tf.data shuffle seed
+    (Keras API), and --num-threads 1 (see above). Timing fields excluded."""
+    first = straight_run(script)
+    checked(run(quick(script, tmp_path, "--data-dir", tiny), timeout=240))
+    assert without_timing(metrics(tmp_path)) == without_timing(metrics(first))
+    assert summary(tmp_path)["param_checksums"] == summary(first)["param_checksums"]
+
+
+@pytest.mark.parametrize("script,fault", [
+    # killed while writing epoch 2's checkpoint: half a temporary file, no rename
+    (DDP, {"COURSE_DIE_IN_WRITE": "checkpoint.pt:2"}),
+    (HVD_TORCH, {"COURSE_DIE_IN_WRITE": "checkpoint.pt:2"}),
+    (DS, {"COURSE_DIE_IN_WRITE": "mp_rank_00_model_states.pt:2"}),
+    # TensorFlow's CheckpointManager writes ckpt-2 itself: killed the moment its first file appears
+    (HVD_TF, {"COURSE_DIE_ON_FILE": "{log_dir}/checkpoints/ckpt-2*"}),
+    # killed (SIGKILL) in the middle of epoch 2, after epoch 1's checkpoint
+    (HVD_TF, {"COURSE_FAIL_AT": "0:2:3:kill"}),
+    (DS, {"COURSE_FAIL_AT": "0:2:3:kill"}),
+], ids=["ddp-in-checkpoint-write", "hvd-torch-in-checkpoint-write", "deepspeed-in-checkpoint-write",
+        "hvd-tf-in-checkpoint-write", "hvd-tf-mid-epoch", "deepspeed-mid-epoch"])
+# (DDP killed mid-epoch under torchrun: test_torchrun_elastic_restart_resumes_from_the_checkpoint)
+def test_killed_run_resumes_to_the_uninterrupted_result(tmp_path, tiny, straight_run, script, fault):
+    fault = {k: v.format(log_dir=tmp_path) for k, v in fault.items()}
+    killed = run(quick(script, tmp_path, "--data-dir", tiny), timeout=240, env=fault)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    in_save = "COURSE_FAIL_AT" not in fault  # killed in epoch 2's checkpoint save, after its metrics line
+    assert [m["epoch"] for m in metrics(tmp_path)] == ([1, 2] if in_save else [1])
+    checkpoints = tmp_path / "checkpoints"
+    if script in (DDP, HVD_TORCH) and "COURSE_DIE_IN_WRITE" in fault:
+        # the previous checkpoint is intact (epoch 1); the half-written one never got the real name
+        assert torch.load(checkpoints / "checkpoint.pt", weights_only=True)["epoch"] == 1
+        remove_the_half_written_file(checkpoints, ".tmp-checkpoint.pt*")
+    if script == DS and "COURSE_DIE_IN_WRITE" in fault:
+        assert (checkpoints / "latest").read_text() == "epoch1"  # still names the complete checkpoint
+        remove_the_half_written_file(checkpoints / "epoch2", ".tmp-mp_rank_00_model_states.pt*")
+    if "COURSE_DIE_ON_FILE" in fault:
+        assert "COURSE_DIE_ON_FILE: killed" in killed.stdout
+        assert 'model_checkpoint_path: "ckpt-1"' in (checkpoints / "checkpoint").read_text()
+    resumed = checked(run(quick(script, tmp_path, "--data-dir", tiny, "--resume"), timeout=240))
+    assert "continuing at epoch 2" in resumed.stdout
+    reference = straight_run(script)
+    assert without_timing(metrics(tmp_path)) == without_timing(metrics(reference))
+    assert summary(tmp_path)["param_checksums"] == summary(reference)["param_checksums"]
+    assert_log_dir_sound(tmp_path)
+
+
+
+def test_torchrun_elastic_restart_resumes_from_the_checkpoint(tmp_path, tiny):
+    """--max-restarts 1, rank 1 exits at epoch 2 step 3 once: torchrun restarts both workers, which pick up
+    epoch 1's checkpoint by themselves (--resume auto) and end exactly where an uninterrupted run ends."""
+    flags = ["--epochs", "3", "--batch-size", "32", "--num-threads", "1", "--seed", "7", "--data-dir", tiny]
+    checked(run(torchrun(2, DDP, *flags, "--log-dir", tmp_path / "straight"), timeout=240))
+    elastic = launch_command(DDP, 2, "torchrun", [*flags, "--resume", "auto", "--log-dir", tmp_path / "elastic"],
+                             launcher_flags=["--max-restarts", "1"])
+    result = checked(run(elastic, timeout=300, env={"COURSE_FAIL_AT": "1:2:3"}))
+    output = result.stdout + result.stderr
+    assert "COURSE_FAIL_AT: rank 1 stops at epoch 2 step 3" in output
+    assert "continuing at epoch 2" in result.stdout  # the restarted workers found epoch 1's checkpoint
+    assert without_timing(metrics(tmp_path / "elastic")) == without_timing(metrics(tmp_path / "straight"))
+    assert summary(tmp_path / "elastic")["param_checksums"] == summary(tmp_path / "straight")["param_checksums"]
+
+
+def test_resume_auto_without_a_checkpoint_says_so_and_plain_resume_refuses_leaving_nothing(tmp_path, tiny):
+    flags = ["--epochs", "1", "--max-steps", "1", "--data-dir", tiny, "--num-threads", "1"]
+    auto = checked(run(python(DDP, *flags, "--resume", "auto", "--log-dir", tmp_path / "auto"), timeout=120))
+    assert [m["epoch"] for m in metrics(tmp_path / "auto")] == [1]
+    said = [line for line in auto.stdout.splitlines() if "no checkpoint in" in line]  # not silently
+    assert said == [f"--resume auto: no checkpoint in {tmp_path / 'auto' / 'checkpoints'}: starting at epoch 1"]
+    result = run(python(DDP, *flags, "--resume", "--log-dir", tmp_path / "plain" / "run"), timeout=120)
+    assert result.returncode == 2 and len(error_lines(result.stderr)) == 1
+    assert "--resume: no checkpoint at" in result.stderr
+    assert not (tmp_path / "plain").exists()  # the folder it had created is gone again
+
+
+
+
+def test_parse_changes_no_value_and_the_helpers_decide_whether_to_resume(tmp_path, capsys):
+    """parse() neither rewrites --resume nor exits; resuming() and finished_already() decide, and the lesson
+    reads their answers. The three cases of --resume auto: nothing there, a checkpoint to continue, a run
+    that is done."""
+    from utils.parse_args import finished_already, get_parser, parse, resuming
+    log_dir = tmp_path / "run"
+    args = parse(get_parser("test"), ["--resume", "auto", "--epochs", "2", "--log-dir", str(log_dir)])
+    assert args.resume == "auto"
+    assert not finished_already(args) and resuming(args) is False
+    assert f"--resume auto: no checkpoint in {log_dir / 'checkpoints'}: starting at epoch 1" in capsys.readouterr().out
+    (log_dir / "checkpoints").mkdir(parents=True)
+    (log_dir / "checkpoints" / "checkpoint.pt").write_bytes(b"")
+    (log_dir / "metrics.jsonl").write_text('{"epoch": 1}\n')
+    assert not finished_already(args) and resuming(args) is True
+    (log_dir / "metrics.jsonl").write_text('{"epoch": 1}\n{"epoch": 2}\n')
+    assert finished_already(args) is True
+    assert "has finished 2 of 2 epoch(s) already: nothing left to do" in capsys.readouterr().out
+    assert args.resume == "auto"

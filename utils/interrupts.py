@@ -1,0 +1,49 @@
+"""Ctrl-C (SIGINT) and a scheduler's walltime warning (SIGTERM): stop in seconds, on every rank, in
+one line.
+
+A scheduler sends SIGTERM some seconds before it kills a job at its walltime (Slurm: KillWait, 30 s
+by default; PBS: kill_delay); a terminal sends SIGINT to every process of the job at once. Python
+turns SIGINT into a KeyboardInterrupt and lets SIGTERM kill the process at once; here both become an
+`Interrupted` exception raised in the main thread, which utils.log.run_main turns into one line and
+the conventional exit code (128 + the signal's number: 130, 143). A checkpoint being written is
+never half-renamed (its write is atomic), so the last good one survives."""
+
+import signal
+import time
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_received = {}
+
+
+class Interrupted(KeyboardInterrupt):
+    """The job was asked to stop (SIGINT or SIGTERM); `signum` says which."""
+
+    def __init__(self, signum):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _handler(signum, frame):
+    if _received:  # a second Ctrl-C while the first unwinds: keep unwinding, not a second exception
+        return
+    _received.update(signum=signum, at=time.monotonic())
+    raise Interrupted(signum)
+
+
+def install():
+    """Raise Interrupted in the main thread on SIGINT or SIGTERM (from the main thread only)."""
+    for signum in SIGNALS:
+        try:
+            signal.signal(signum, _handler)
+        except (ValueError, OSError):  # not the main thread, or not allowed here: keep the default
+            pass
+
+
+def received():
+    """The number of the signal that stopped this run, or None."""
+    return _received.get("signum")
+
+
+def exit_code(signum):
+    """The shell's convention for a process ended by a signal: 128 + its number."""
+    return 128 + int(signum)
