@@ -22,10 +22,23 @@ import psutil
 import pytest
 import torch
 
-from conftest import BIN, ROOT, deepspeed_launcher, error_lines, horovodrun, launch_command, metrics, mpiexec, python, run, summary, torchrun
+from conftest import (
+    BIN,
+    ROOT,
+    deepspeed_launcher,
+    error_lines,
+    horovodrun,
+    launch_command,
+    metrics,
+    mpiexec,
+    python,
+    run,
+    summary,
+    torchrun,
+)
 
 sys.path.append(str(ROOT))
-from utils import data  # noqa: E402
+from utils import data
 
 DDP, HVD_TORCH, HVD_TF, KERAS, DS = ("DDP/main.py", "horovod/pytorch/main.py", "horovod/tensorflow/main.py",
                                      "horovod/tensorflow/keras_main.py", "deepspeed/main.py")

@@ -9,7 +9,7 @@ import sys
 import tempfile
 import time
 
-from utils.errors import UserError, fail  # noqa: F401  (the lessons' log.fail, log.UserError)
+from utils.errors import UserError, fail  # re-exported: the lessons' log.fail, log.UserError
 
 _RANK = 0
 _ALL_RANKS = False
