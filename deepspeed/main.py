@@ -1,29 +1,31 @@
 #!/usr/bin/env python
 """MNIST with DeepSpeed: ZeRO stages 0-3, optional CPU offload of the optimizer.
 
-    python deepspeed/main.py                                one process
-    deepspeed --num_gpus 2 deepspeed/main.py                two ranks (on CPUs --num_gpus is the process count)
-    torchrun --nproc_per_node 2 deepspeed/main.py           (also: mpiexec -n 2 python deepspeed/main.py)
-    ... --zero-stage 3 --offload                            the config file is deepspeed/ds_config.json
+    python deepspeed/main.py                        one process
+    deepspeed --num_gpus 2 deepspeed/main.py        two ranks (on CPUs --num_gpus counts processes)
+    torchrun --nproc_per_node 2 deepspeed/main.py   (also: mpiexec -n 2 python deepspeed/main.py)
+    ... --zero-stage 3 --offload                    the config file is deepspeed/ds_config.json
 
-The numbered comments [1]-[8] are the course's recipe: the same number marks the same step in every lesson
-(README.md, "The recipe"); deepspeed/README.md explains each line.
+The numbered comments [1]-[8] are the course's recipe: the same number marks the same step in every
+lesson (README.md, "The recipe"); deepspeed/README.md explains each line.
 """
 import argparse
 import os
 import sys
 import time
+from dataclasses import replace
 from datetime import timedelta
 from itertools import islice
 from pathlib import Path
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # the repo root *after* site-packages
+import utils
+
 # Before the frameworks: a missing one is then one line that says how to get it, and the libraries'
 # lines that teach nothing are filtered (utils/quiet.py names each; COURSE_VERBOSE=1 shows them).
-import utils  # noqa: E402
 utils.course_output()
 
-import deepspeed  # the installed library: this folder has no __init__.py and the repo root goes last
+import deepspeed  # the library: this folder has no __init__.py, and the repo root comes last
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -31,11 +33,18 @@ from deepspeed.accelerator import get_accelerator
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-from utils import data, ds_checkpoint, ds_config, log  # noqa: E402
-from utils import dist as course  # noqa: E402  (which variables each launcher sets; metrics helpers)
-from utils.parse_args import finished_already, get_parser, parse, resuming  # noqa: E402
-from utils.schedule import lr_at, scaled_lr  # noqa: E402
-from utils.torch_utils import Net, param_checksum, save_checkpoint, seed_epoch, steps_per_epoch, to_tensors  # noqa
+from utils import data, ds_checkpoint, ds_config, log
+from utils import dist as course  # which variables each launcher sets; metrics functions
+from utils.parse_args import finished_already, get_parser, parse, resuming
+from utils.schedule import lr_at, scaled_lr
+from utils.torch_utils import (
+    Net,
+    param_checksum,
+    save_checkpoint,
+    seed_epoch,
+    steps_per_epoch,
+    to_tensors,
+)
 
 FRAMEWORK = "deepspeed"
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "ds_config.json"
@@ -47,10 +56,12 @@ def deepspeed_flags(parser):
     g.add_argument("--zero-stage", type=int, choices=[0, 1, 2, 3], default=None,
                    help="override zero_optimization.stage of the config (0: plain data parallel)")
     g.add_argument("--offload", action="store_true",
-                   help="ZeRO-Offload: optimizer states and step on the CPU (stage 1-3; DeepSpeedCPUAdam, a JIT-built op)")
-    parser.add_argument("--local_rank", "--local-rank", type=int, default=-1,  # the deepspeed launcher adds it;
-                        help=argparse.SUPPRESS)  # the rank comes from the environment
-    parser.set_defaults(lr=1e-3)  # Adam's usual rate for one rank (the common default is meant for SGD)
+                   help="ZeRO-Offload: optimizer states and step on the CPU "
+                        "(stage 1-3; DeepSpeedCPUAdam, a JIT-built op)")
+    # The deepspeed launcher adds --local_rank; the rank comes from the environment.
+    parser.add_argument("--local_rank", "--local-rank", type=int, default=-1,
+                        help=argparse.SUPPRESS)
+    parser.set_defaults(lr=1e-3)  # Adam's usual rate for one rank (the common default suits SGD)
     return parser
 
 
@@ -59,14 +70,16 @@ def train_epoch(engine, loaders, epoch, lr_of, env, args):
     loss_sum, correct, seen = 0.0, 0, 0
     steps = steps_per_epoch(loaders, args.max_steps)
     progress = log.Progress(env.is_main, steps, epoch, args.log_interval)
-    for step, micro_batches in enumerate(islice(zip(*loaders), steps)):  # one micro-batch unless --grad-accum
+    # One micro-batch per step, or --grad-accum of them: one from each loader.
+    for step, micro_batches in enumerate(islice(zip(*loaders), steps)):
         for group in engine.optimizer.param_groups:
             group["lr"] = lr_of(step / steps)
         for x, y in micro_batches:
             output = engine(x)
             loss = F.nll_loss(output, y)
-            # [6] gradients averaged: engine.backward reduces them over ranks (ZeRO-2/3: each rank keeps only
-            #     its partition); engine.step updates at the end of the step's micro-batches, then zeroes them.
+            # [6] gradients averaged: engine.backward reduces them over ranks (ZeRO-2/3: each rank
+            #     keeps only its partition); engine.step updates at the end of the step's
+            #     micro-batches, then zeroes them.
             engine.backward(loss)
             engine.step()
             loss_sum += loss.item() * len(y)
@@ -93,59 +106,71 @@ def main():
     args = parse(deepspeed_flags(get_parser(__doc__)))
     if finished_already(args):  # --resume auto on a run that is done: touch nothing
         return
-    course.default_extensions_dir()  # JIT-built ops (cpu_adam for --offload) are cached outside the checkout
+    course.default_extensions_dir()  # JIT-built ops (cpu_adam): cached outside the checkout
     wall_start = time.perf_counter()
-    # [1] Who am I? The launcher's variables give rank, local rank and world size (table in utils/dist.py).
-    env = course.export_rendezvous(course.discover())  # + MASTER_ADDR/PORT (stays on loopback on one host)
+    # [1] Who am I? The launcher's variables give rank, local rank and world size (utils/dist.py).
+    env = course.export_rendezvous(course.discover())  # + MASTER_ADDR/PORT (loopback on one host)
     if not env.distributed:  # DeepSpeed wants a process group even for one process: a private one
         os.environ["MASTER_PORT"] = str(course.free_port())
-    # [2] Pin this rank to one device: accelerator number = local rank. On CPUs: its share of the cores.
-    env.device = course.pick_device(args.device, env.local_rank)
-    if env.device != "cpu":
-        get_accelerator().set_device(torch.device(env.device).index)  # DeepSpeed's layer: cuda, xpu, ...
-    else:  # deepspeed_shm_comm serves tensor-parallel *inference* only: skip its JIT build (a minute or more)
+    # [2] Pin this rank to one device: accelerator number = local rank. On CPUs: its share of the
+    #     cores.
+    device = course.pick_device(args.device, env.local_rank)
+    if device != "cpu":
+        get_accelerator().set_device(torch.device(device).index)  # DeepSpeed's layer: cuda, xpu
+    else:  # deepspeed_shm_comm serves tensor-parallel *inference* only: skip its JIT build
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-    env.num_threads = course.threads_per_rank(args.num_threads, env.local_world_size)
-    torch.set_num_threads(env.num_threads)
+    num_threads = course.threads_per_rank(args.num_threads, env.local_world_size)
+    torch.set_num_threads(num_threads)
     # [1] Start the process group (and DeepSpeed's communication layer over it).
-    env.backend = course.pick_backend(args.backend, env.device)  # xccl / nccl between GPUs, gloo on CPUs
-    course.group_timeout(timedelta(seconds=args.dist_timeout))  # also for the groups DeepSpeed makes itself
-    deepspeed.init_distributed(env.backend, auto_mpi_discovery=False, verbose=False,
+    backend = course.pick_backend(args.backend, device)  # xccl / nccl between GPUs, gloo on CPUs
+    course.group_timeout(timedelta(seconds=args.dist_timeout))  # also the groups DeepSpeed makes
+    deepspeed.init_distributed(backend, auto_mpi_discovery=False, verbose=False,
                                timeout=timedelta(seconds=args.dist_timeout))
+    env = replace(env, device=device, backend=backend, num_threads=num_threads)  # env, now complete
     log.configure(env.rank, env.local_rank, args.log_all_ranks)
-    log_dir = args.log_dir or course.broadcast_object(log.default_log_dir("deepspeed"))  # rank 0's time stamp
+    # --log-dir, or a folder named by rank 0's clock (the same name on every rank)
+    log_dir = args.log_dir or course.broadcast_object(log.default_log_dir("deepspeed"))
     run = log.RunLog(log_dir, env.is_main)
-    config = ds_config.load(args, env.world_size, DEFAULT_CONFIG)  # the JSON file + flags, checked (one line)
-    log.info(f"{FRAMEWORK} {deepspeed.__version__}: {env.world_size} rank(s) via {env.launcher}, device "
-             f"{env.device}, backend {env.backend}, {env.num_threads} thread(s) per rank, ZeRO stage "
-             f"{config['zero_optimization'].get('stage', 0)}{' + CPU offload' if args.offload else ''}")
+    # The JSON file + the flags, checked (one line if not): it decides the micro-batch per rank
+    # and the micro-batches per step.
+    ds = ds_config.load(args, env.world_size, DEFAULT_CONFIG)
+    stage = ds.config["zero_optimization"].get("stage", 0)
+    log.info(f"{FRAMEWORK} {deepspeed.__version__}: {env.world_size} rank(s) via {env.launcher}, "
+             f"device {env.device}, backend {env.backend}, {env.num_threads} thread(s) per rank, "
+             f"ZeRO stage {stage}{' + CPU offload' if args.offload else ''}")
 
-    # --- model, optimizer and engine ---------------------------------------------------------------------
+    # --- model, optimizer and engine -------------------------------------------------------------
     torch.manual_seed(args.seed)
     model = Net(args.dropout).to(env.device)
     # [4] Scale the LR with the global batch; the optimizer itself is the config's (Adam).
-    lr = scaled_lr(args.lr, env.world_size * args.grad_accum, not args.no_lr_scaling)
-    config.setdefault("optimizer", {"type": "Adam", "params": {}}).setdefault("params", {})["lr"] = lr
-    # [5] The engine: broadcasts rank 0's weights, builds the config's optimizer (ZeRO: partitioned over ranks).
-    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    lr = scaled_lr(args.lr, env.world_size * ds.grad_accum, not args.no_lr_scaling)
+    opt_config = ds.config.setdefault("optimizer", {"type": "Adam", "params": {}})
+    opt_config.setdefault("params", {})["lr"] = lr
+    # [5] The engine: broadcasts rank 0's weights, builds the config's optimizer (ZeRO: partitioned
+    #     over ranks).
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                           config=ds.config)
     ds_checkpoint.use_safe_checkpoints(engine)  # [8] atomic writes, weights_only=True loads
 
-    # --- data: every rank holds the whole (small) set in memory and trains on its own shard -------------
+    # --- data: every rank holds the whole (small) set in memory and trains on its own shard ------
     mnist = data.load_mnist(args.data_dir, args.download, env.is_main, barrier=course.barrier)
     log.info(mnist.describe())
     x_train, y_train, x_test, y_test = to_tensors(mnist, env.device)
-    if engine.bfloat16_enabled() or engine.fp16_enabled():  # GPU configs: the engine casts weights, not inputs
-        x_train, x_test = (t.to(torch.bfloat16 if engine.bfloat16_enabled() else torch.half) for t in (x_train, x_test))
+    if engine.bfloat16_enabled() or engine.fp16_enabled():  # the engine casts weights, not inputs
+        dtype = torch.bfloat16 if engine.bfloat16_enabled() else torch.half
+        x_train, x_test = x_train.to(dtype), x_test.to(dtype)
     train_set, test_set = TensorDataset(x_train, y_train), TensorDataset(x_test, y_test)
-    # [3] Shard by *global* rank; --grad-accum A (from the config): a rank plays A ranks. The test shards are
-    #     padded to one length: at ZeRO-3 every forward gathers weights, a collective all ranks must join.
-    A = args.grad_accum
+    # [3] Shard by *global* rank; --grad-accum A (from the config): a rank plays A ranks. The test
+    #     shards are padded to one length: at ZeRO-3 every forward gathers weights, a collective
+    #     all ranks must join.
+    A = ds.grad_accum
     if A > 1:
-        log.info(f"--grad-accum {A}: each step averages {A} micro-batches per rank: an emulated world of {env.world_size * A}")
-    loaders = [DataLoader(train_set, batch_size=args.batch_size, drop_last=True,
+        log.info(f"--grad-accum {A}: each step averages {A} micro-batches per rank: "
+                 f"an emulated world of {env.world_size * A}")
+    loaders = [DataLoader(train_set, batch_size=ds.batch_size, drop_last=True,
                           sampler=DistributedSampler(train_set, num_replicas=env.world_size * A,
-                                                     rank=env.rank * A + k, shuffle=True, seed=args.seed,
-                                                     drop_last=True))
+                                                     rank=env.rank * A + k, shuffle=True,
+                                                     seed=args.seed, drop_last=True))
                for k in range(A)]
     test_loader = DataLoader(test_set, batch_size=args.test_batch_size, sampler=DistributedSampler(
         test_set, num_replicas=env.world_size, rank=env.rank, shuffle=False))
@@ -155,43 +180,50 @@ def main():
     if resuming(args):  # [8] every rank loads its own ZeRO partition of the optimizer state
         try:
             loaded, client_state = engine.load_checkpoint(checkpoint)
-        except Exception as exc:  # truncated file, or a checkpoint of another model / stage / world size
-            log.fail(f"--resume: checkpoint in {checkpoint} does not load: {str(exc).strip().splitlines()[0]}")
+        except Exception as exc:  # truncated, or of another model / stage / world size
+            reason = str(exc).strip().splitlines()[0]
+            log.fail(f"--resume: checkpoint in {checkpoint} does not load: {reason}")
         if loaded is None:
             log.fail(f"--resume: no DeepSpeed checkpoint in {checkpoint} (no 'latest' file)")
         first_epoch = client_state["epoch"] + 1
         log.info(f"resumed from {loaded}: continuing at epoch {first_epoch}")
     run.keep_epochs_before(first_epoch)
-    run.write_config(args, env.as_dict(), FRAMEWORK, {"log_dir": log_dir, "scaled_lr": lr, "ds_config": config})
+    # What the run trained with: the config's micro-batch and accumulation, not the flags'.
+    trained_with = {"batch_size": ds.batch_size, "grad_accum": ds.grad_accum,
+                    "deepspeed_config": ds.path}
+    run.write_config(args, env.as_dict(), FRAMEWORK,
+                     {"log_dir": log_dir, "scaled_lr": lr, "ds_config": ds.config, **trained_with})
 
-    # --- train / evaluate --------------------------------------------------------------------------------
+    # --- train / evaluate ------------------------------------------------------------------------
     for epoch in range(first_epoch, args.epochs + 1):
         seed_epoch(args.seed, epoch, env.rank)  # dropout masks: a resumed run draws the same ones
         for loader in loaders:
             loader.sampler.set_epoch(epoch)  # [3] a new shuffle each epoch, the same on every rank
 
-        def lr_of(fraction):  # linear warmup from the base LR to the scaled one (--lr-warmup-epochs)
+        def lr_of(fraction):  # --lr-warmup-epochs: linear from the base LR to the scaled one
             return lr_at(epoch - 1 + fraction, args.lr, lr, args.lr_warmup_epochs)
 
         start = time.perf_counter()
         train = train_epoch(engine, loaders, epoch, lr_of, env, args)
         train_time = course.all_max(time.perf_counter() - start, env)  # the slowest rank's time
-        sums = torch.tensor(train + evaluate(engine, test_loader), dtype=torch.float64, device=env.device)
-        dist.all_reduce(sums, op=dist.ReduceOp.SUM)  # [7] metrics summed over ranks: every number is global
-        run.epoch_end(epoch, sums.tolist(), engine.optimizer.param_groups[0]["lr"], time.perf_counter() - start,
-                      train_time, env, FRAMEWORK)
-        # [8] a collective: every rank writes its partition, then rank 0 points `latest` at the new tag
+        sums = torch.tensor(train + evaluate(engine, test_loader), dtype=torch.float64,
+                            device=env.device)
+        dist.all_reduce(sums, op=dist.ReduceOp.SUM)  # [7] metrics summed over ranks
+        run.epoch_end(epoch, sums.tolist(), engine.optimizer.param_groups[0]["lr"],
+                      time.perf_counter() - start, train_time, env, FRAMEWORK)
+        # [8] a collective: every rank writes its partition, then rank 0 points `latest` at the tag
         ds_checkpoint.save(engine, checkpoint, f"epoch{epoch}", {"epoch": epoch}, env.is_main)
 
-    # --- summary -----------------------------------------------------------------------------------------
+    # --- summary ---------------------------------------------------------------------------------
     # ZeRO-3 keeps 1/N of every parameter on each rank: gather the full tensors for a moment.
     gathered = deepspeed.zero.GatheredParameters(list(engine.module.parameters())) \
         if engine.zero_optimization_stage() == 3 else torch.no_grad()
     with gathered:
         checksums = course.gather_object(param_checksum(engine.module))  # identical on every rank
         if args.save_model and env.is_main:
+            weights = engine.module.state_dict().items()
             save_checkpoint(Path(log_dir) / "model.pt",
-                            {k: v.detach().float().cpu().clone() for k, v in engine.module.state_dict().items()})
+                            {k: v.detach().float().cpu().clone() for k, v in weights})
     run.summary({"wall_time_s": time.perf_counter() - wall_start, "param_checksums": checksums,
                  "device": env.device, "world_size": env.world_size, "launcher": env.launcher,
                  "framework": FRAMEWORK})

@@ -31,7 +31,7 @@ sys.path.append(
     str(Path(__file__).resolve().parents[1])
 )  # after site-packages: `import horovod` is the library
 
-import utils  # noqa: E402
+import utils
 
 utils.course_output()
 
@@ -66,6 +66,7 @@ class Torch:
     def __init__(self):
         import torch
         import torch.distributed as dist
+
         from utils import dist as course
 
         self.torch, self.dist = torch, dist
@@ -209,6 +210,7 @@ def ddp_bucket_bytes(bucket_cap_mb=None):
     import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel
+
     from utils.torch_utils import Net
 
     model = DistributedDataParallel(Net(), bucket_cap_mb=bucket_cap_mb)

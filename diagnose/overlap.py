@@ -31,10 +31,11 @@ from pathlib import Path
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # after site-packages
 
-import utils  # noqa: E402
+import utils
 
 utils.course_output()
 
+import collectives  # noqa: E402  (diagnose/collectives.py, beside this file: its DDP bucket probe)
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -44,8 +45,6 @@ from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 from utils import data, log  # noqa: E402
 from utils import dist as course  # noqa: E402
 from utils.torch_utils import Net, to_tensors  # noqa: E402
-
-import collectives  # noqa: E402  (diagnose/collectives.py, beside this file: its DDP bucket probe)
 
 DEFAULT = [
     "none",

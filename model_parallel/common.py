@@ -1,7 +1,9 @@
-"""What the two model-parallel lessons share: the MLP they split, their flags, and the counters behind the
-numbers in their summary.json (bytes each rank sends per step; a pipeline stage's compute time and memory).
+"""What the two model-parallel lessons share: the MLP they split, their flags, and the counters
+behind the numbers in their summary.json (bytes each rank sends per step; a pipeline stage's compute
+time and memory).
 
-The counters only watch: every step of the lessons is in tensor_parallel.py and pipeline_parallel.py.
+The counters only watch: every step of the lessons is in tensor_parallel.py and
+pipeline_parallel.py.
 """
 import hashlib
 import time
@@ -20,13 +22,16 @@ LAYERS = 4  # hidden layers fc1..fc4 (784 -> W, then W -> W), then the 10-way he
 
 
 def mlp(width):
-    """784 -> W -> W -> W -> W -> 10 with ReLUs: 3,962,890 parameters at W = 1024 (3.3 x the course's CNN)."""
+    """784 -> W -> W -> W -> W -> 10 with ReLUs: 3,962,890 parameters at W = 1024 (3.3 x the
+    course's CNN)."""
     dims = [784] + [width] * LAYERS
     layers = [("flat", nn.Flatten())]
     for i in range(LAYERS):
         fc = nn.Linear(dims[i], dims[i + 1])
-        nn.init.kaiming_normal_(fc.weight, nonlinearity="relu")  # He init: with torch's default the signal
-        nn.init.zeros_(fc.bias)  # shrinks layer by layer and 4 layers learn slowly (0.87 after 2 epochs, not 0.92)
+        # He init: with torch's default the signal shrinks layer by layer and 4 layers learn slowly
+        # (0.87 after 2 epochs, not 0.92).
+        nn.init.kaiming_normal_(fc.weight, nonlinearity="relu")
+        nn.init.zeros_(fc.bias)
         layers += [(f"fc{i + 1}", fc), (f"relu{i + 1}", nn.ReLU())]
     return nn.Sequential(OrderedDict(layers + [("head", nn.Linear(width, 10))]))
 
@@ -35,24 +40,27 @@ def parser(doc):
     """The course's flags, plus --width; this MLP has no dropout."""
     p = get_parser(doc)
     p.set_defaults(dropout=0.0)
-    p.add_argument("--width", type=positive_int, default=1024, help="width of the MLP's four hidden layers")
+    p.add_argument("--width", type=positive_int, default=1024,
+                   help="width of the MLP's four hidden layers")
     return p
 
 
 def check_shared_flags(args):
-    """Shared flags these lessons do not implement: one line and exit 2, rather than silently ignored."""
+    """Shared flags these lessons do not implement: one line and exit 2, rather than silently
+    ignored."""
     if args.resume or args.checkpoint_dir:
-        fail("--resume/--checkpoint-dir: the model-parallel lessons keep no checkpoints (--save-model writes "
-             "the final weights)")
+        fail("--resume/--checkpoint-dir: the model-parallel lessons keep no checkpoints "
+             "(--save-model writes the final weights)")
     if args.grad_accum != 1:
-        fail("--grad-accum: not in the model-parallel lessons (pipeline_parallel.py's --micro-batches is "
-             "gradient accumulation)")
+        fail("--grad-accum: not in the model-parallel lessons (pipeline_parallel.py's "
+             "--micro-batches is gradient accumulation)")
     if args.dropout:
         fail("--dropout: the lessons' MLP has no dropout layers")
 
 
 def full_tensor(t):
-    """The whole tensor: a DTensor's slices gathered from its ranks (a collective), a plain tensor as is."""
+    """The whole tensor: a DTensor's slices gathered from its ranks (a collective), a plain tensor
+    as is."""
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
@@ -64,14 +72,16 @@ def checksum(state):
     return h.hexdigest()[:16]
 
 
-WIRE_OPS = ("all_reduce", "allreduce_", "all_gather_into_tensor", "reduce_scatter_tensor", "broadcast_", "send")
+WIRE_OPS = ("all_reduce", "allreduce_", "all_gather_into_tensor", "reduce_scatter_tensor",
+            "broadcast_", "send")
 
 
 class WireBytes(TorchDispatchMode):
-    """Counts, while entered, the bytes this rank hands to collectives and sends: DTensor's functional
-    collectives (torch.ops._c10d_functional.*), torch.distributed's all_reduce and the pipeline's send
-    (torch.ops.c10d.*) all pass through the dispatcher, where this mode sees them, in forward and in backward.
-    Payload bytes per call (a ring all-reduce of S bytes moves 2(N-1)/N x S per rank); receives not counted."""
+    """Counts, while entered, the bytes this rank hands to collectives and sends: DTensor's
+    functional collectives (torch.ops._c10d_functional.*), torch.distributed's all_reduce and the
+    pipeline's send (torch.ops.c10d.*) all pass through the dispatcher, where this mode sees them,
+    in forward and in backward. Payload bytes per call (a ring all-reduce of S bytes moves
+    2(N-1)/N x S per rank); receives not counted."""
 
     def __init__(self):
         super().__init__()
@@ -83,12 +93,13 @@ class WireBytes(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if any(issubclass(t, DTensor) for t in types):
-            return NotImplemented  # let DTensor turn the op into plain ops and collectives, then see those
+            return NotImplemented  # DTensor turns the op into plain ops and collectives: see those
         name = func._overloadpacket.__name__
         if func.namespace in ("_c10d_functional", "c10d") and name in WIRE_OPS:
+            # The payload: the first tensor argument.
             tensors = [t for a in args for t in (a if isinstance(a, (list, tuple)) else [a])
-                       if isinstance(t, torch.Tensor)][:1]  # the payload (the first tensor argument)
-            key = f"{func.namespace}.{name}"  # the op's own name: _c10d_functional.all_reduce, c10d.send...
+                       if isinstance(t, torch.Tensor)][:1]
+            key = f"{func.namespace}.{name}"  # _c10d_functional.all_reduce, c10d.send, ...
             self.calls[key] += 1
             self.bytes[key] += sum(t.numel() * t.element_size() for t in tensors)
         return func(*args, **(kwargs or {}))
@@ -100,9 +111,10 @@ class WireBytes(TorchDispatchMode):
 
 
 class TimedStage(PipelineStage):
-    """A PipelineStage that also measures what the bubble is made of: seconds spent computing forward and
-    backward of its micro-batches (everything else in a schedule step is waiting or communicating), and the
-    most micro-batches whose activations it held at once (saved for their backward)."""
+    """A PipelineStage that also measures what the bubble is made of: seconds spent computing
+    forward and backward of its micro-batches (everything else in a schedule step is waiting or
+    communicating), and the most micro-batches whose activations it held at once (saved for their
+    backward)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

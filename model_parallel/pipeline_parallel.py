@@ -1,9 +1,13 @@
 #!/usr/bin/env python
-"""MNIST with pipeline parallelism (torch.distributed.pipelining): an MLP cut into one stage per rank.
+"""MNIST with pipeline parallelism (torch.distributed.pipelining): an MLP cut into one stage per
+rank.
 
-    torchrun --nproc_per_node 2 model_parallel/pipeline_parallel.py              2 stages, 1F1B, 4 micro-batches
-    torchrun --nproc_per_node 2 model_parallel/pipeline_parallel.py --schedule gpipe --micro-batches 8
-    python model_parallel/pipeline_parallel.py --micro-batches 4                 one process: gradient accumulation
+    torchrun --nproc_per_node 2 model_parallel/pipeline_parallel.py
+        2 stages, 1F1B, 4 micro-batches
+    torchrun --nproc_per_node 2 model_parallel/pipeline_parallel.py --schedule gpipe
+        GPipe's schedule instead (--micro-batches 8: smaller micro-batches, a smaller bubble)
+    python model_parallel/pipeline_parallel.py --micro-batches 4
+        one process: gradient accumulation
 
 The numbered comments are the course's recipe: the same number marks the same step in every lesson
 (README.md, "The recipe"); model_parallel/README.md explains each line here.
@@ -13,14 +17,16 @@ import sys
 import time
 from collections import OrderedDict
 from contextlib import nullcontext
+from dataclasses import replace
 from datetime import timedelta
 from itertools import islice
 from pathlib import Path
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # the repo root *after* site-packages
+import utils
+
 # Before the frameworks: a missing one is then one line that says how to get it, and the libraries'
 # lines that teach nothing are filtered (utils/quiet.py names each; COURSE_VERBOSE=1 shows them).
-import utils  # noqa: E402
 utils.course_output()
 
 import torch
@@ -31,27 +37,30 @@ from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-from model_parallel import common  # noqa: E402  (the MLP, and the counters behind summary.json)
-from utils import data, log  # noqa: E402
-from utils import dist as course  # noqa: E402
-from utils.parse_args import parse, positive_int  # noqa: E402
-from utils.torch_utils import save_checkpoint, steps_per_epoch, to_tensors  # noqa: E402
+from model_parallel import common  # the MLP, and the counters behind summary.json
+from utils import data, log
+from utils import dist as course
+from utils.parse_args import parse, positive_int
+from utils.torch_utils import save_checkpoint, steps_per_epoch, to_tensors
 
 FRAMEWORK = "pytorch-pipeline-parallel"
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 
 
 def stage_layers(model, stage, stages):
-    """This stage's slice of the MLP, layer names kept: the first stage also flattens, the last has the head."""
+    """This stage's slice of the MLP, layer names kept: the first stage also flattens, the last has
+    the head."""
     per = common.LAYERS // stages
-    names = [f"{kind}{i + 1}" for i in range(stage * per, (stage + 1) * per) for kind in ("fc", "relu")]
+    names = [f"{kind}{i + 1}" for i in range(stage * per, (stage + 1) * per)
+             for kind in ("fc", "relu")]
     names = (["flat"] if stage == 0 else []) + names + (["head"] if stage == stages - 1 else [])
     return nn.Sequential(OrderedDict((name, getattr(model, name)) for name in names))
 
 
 def train_step(part, schedule, stage, x, y, k):
-    """One optimizer step's forward and backward; returns the output and the K micro-batch losses (last stage)."""
-    if schedule is None:  # one process: the unsplit model, gradient accumulation over the same K micro-batches
+    """One optimizer step's forward and backward; returns the output and the K micro-batch losses
+    (last stage)."""
+    if schedule is None:  # one process: the unsplit model, accumulating over the K micro-batches
         outputs, losses = [], []
         for xk, yk in zip(x.chunk(k), y.chunk(k)):
             outputs.append(part(xk))
@@ -59,9 +68,11 @@ def train_step(part, schedule, stage, x, y, k):
             (losses[-1] / k).backward()
         return torch.cat(outputs), losses
     losses = []
-    # The first stage feeds the inputs and the last the labels; the schedule splits both into K micro-batches,
-    # and only the last stage computes the loss (scale_grads: each micro-batch's gradient counts 1/K).
-    output = schedule.step(*([x] if stage.is_first else []), target=y if stage.is_last else None, losses=losses)
+    # The first stage feeds the inputs and the last the labels; the schedule splits both into K
+    # micro-batches, and only the last stage computes the loss (scale_grads: each micro-batch's
+    # gradient counts 1/K).
+    output = schedule.step(*([x] if stage.is_first else []), target=y if stage.is_last else None,
+                           losses=losses)
     return output, losses
 
 
@@ -69,18 +80,21 @@ def train_epoch(part, schedule, stage, optimizer, loader, epoch, env, args, wire
     part.train()
     loss_sum, correct, seen = 0.0, 0, 0
     steps = steps_per_epoch([loader], args.max_steps)
-    progress = log.Progress(not stage or stage.is_last, steps, epoch, args.log_interval)  # the stage with the loss
+    # Progress is shown by the stage that has the loss (the last, or the one process).
+    progress = log.Progress(not stage or stage.is_last, steps, epoch, args.log_interval)
     for step, (x, y) in enumerate(islice(loader, steps)):
         start, computed = time.perf_counter(), getattr(stage, "compute_s", 0.0)
         optimizer.zero_grad()
         with wire if step == 1 else nullcontext():  # counts what this rank sends during one step
-            # [6] No gradient averaging: each parameter lives on one stage only. The gradients of the K
-            #     micro-batches accumulate in place, each scaled by 1/K: the mean over the whole batch.
+            # [6] No gradient averaging: each parameter lives on one stage only. The gradients of
+            #     the K micro-batches accumulate in place, each scaled by 1/K: the mean over the
+            #     whole batch.
             output, losses = train_step(part, schedule, stage, x, y, args.micro_batches)
-        pipe_s = time.perf_counter() - start  # the schedule's forward + backward: compute, waits and sends
+        pipe_s = time.perf_counter() - start  # the schedule's forward + backward, waits and sends
         optimizer.step()
         if (epoch, step) != (1, 0):  # the first step also works out the shapes the stages exchange
-            timing.append((time.perf_counter() - start, pipe_s, getattr(stage, "compute_s", 0.0) - computed))
+            compute_s = getattr(stage, "compute_s", 0.0) - computed
+            timing.append((time.perf_counter() - start, pipe_s, compute_s))
         if losses:  # the last stage (or the one process)
             loss_sum += sum(loss.item() for loss in losses) * len(y) / len(losses)
             correct += (output.argmax(1) == y).sum().item()
@@ -92,7 +106,8 @@ def train_epoch(part, schedule, stage, optimizer, loader, epoch, env, args, wire
 
 @torch.no_grad()
 def evaluate(part, loader, env, width):
-    """Forward only, by hand, a whole test batch at a time: receive activations, compute, send them on."""
+    """Forward only, by hand, a whole test batch at a time: receive activations, compute, send them
+    on."""
     part.eval()
     loss_sum, correct, seen = 0.0, 0, 0
     for x, y in loader:
@@ -111,59 +126,69 @@ def evaluate(part, loader, env, width):
 
 def main():
     p = common.parser(__doc__)
-    p.add_argument("--micro-batches", type=positive_int, default=4, help="micro-batches per batch (K)")
-    p.add_argument("--schedule", choices=sorted(SCHEDULES), default="1f1b", help="pipeline schedule")
+    p.add_argument("--micro-batches", type=positive_int, default=4,
+                   help="micro-batches per batch (K)")
+    p.add_argument("--schedule", choices=sorted(SCHEDULES), default="1f1b",
+                   help="pipeline schedule")
     args = parse(p)
     common.check_shared_flags(args)
     wall_start = time.perf_counter()
 
-    # [1] Who am I? Checked before any process group exists, so bad sizes fail at once on every rank.
+    # [1] Who am I? Checked before any process group exists: bad sizes fail at once on every rank.
     env = course.export_rendezvous(course.discover())
     stages, k = env.world_size, args.micro_batches
     if common.LAYERS % stages:
-        log.fail(f"the MLP's {common.LAYERS} hidden layers do not split into {stages} equal stages (one per rank): "
-                 f"run 1, 2 or 4 ranks")
+        log.fail(f"the MLP's {common.LAYERS} hidden layers do not split into {stages} equal stages "
+                 f"(one per rank): run 1, 2 or 4 ranks")
     if args.batch_size % k:
-        log.fail(f"--micro-batches {k} does not divide --batch-size {args.batch_size} into equal micro-batches")
+        log.fail(f"--micro-batches {k} does not divide --batch-size {args.batch_size} "
+                 f"into equal micro-batches")
     if args.schedule == "1f1b" and k < stages:
-        log.fail(f"--schedule 1f1b needs at least one micro-batch per stage: --micro-batches {k} < {stages} stages")
+        log.fail(f"--schedule 1f1b needs at least one micro-batch per stage: "
+                 f"--micro-batches {k} < {stages} stages")
     # [2] Pin the device to the local rank (GPU = local rank; on CPUs a share of the cores).
-    env.device = course.pick_device(args.device, env.local_rank)
-    if env.device != "cpu":  # one call for NVIDIA (cuda:N) and Intel (xpu:N) GPUs: torch.cuda/xpu.set_device
-        torch.accelerator.set_device_index(env.device)
-    env.num_threads = course.threads_per_rank(args.num_threads, env.local_world_size)
-    torch.set_num_threads(env.num_threads)
-    if env.distributed:  # [1] Start the process group: the stages send each other activations and gradients
-        env.backend = course.pick_backend(args.backend, env.device)
-        dist.init_process_group(env.backend, rank=env.rank, world_size=env.world_size,
-                                timeout=timedelta(seconds=args.dist_timeout), store=course.restart_store(env))
+    device = course.pick_device(args.device, env.local_rank)
+    if device != "cpu":  # one call for NVIDIA (cuda:N) and Intel (xpu:N): torch.cuda/xpu.set_device
+        torch.accelerator.set_device_index(device)
+    num_threads = course.threads_per_rank(args.num_threads, env.local_world_size)
+    torch.set_num_threads(num_threads)
+    backend = "none"
+    if env.distributed:  # [1] Start the process group: stages send activations and gradients
+        backend = course.pick_backend(args.backend, device)
+        dist.init_process_group(backend, rank=env.rank, world_size=env.world_size,
+                                timeout=timedelta(seconds=args.dist_timeout),
+                                store=course.restart_store(env))
+    env = replace(env, device=device, backend=backend, num_threads=num_threads)  # env, now complete
     log.configure(env.rank, env.local_rank, args.log_all_ranks)
     log_dir = args.log_dir or course.broadcast_object(log.default_log_dir("pipeline-parallel"))
     run = log.RunLog(log_dir, env.is_main)
-    log.info(f"{FRAMEWORK}: {stages} stage(s) via {env.launcher}, {args.schedule}, {k} micro-batches of "
-             f"{args.batch_size // k}, device {env.device}, backend {env.backend}, {env.num_threads} thread(s)/rank")
+    log.info(f"{FRAMEWORK}: {stages} stage(s) via {env.launcher}, {args.schedule}, "
+             f"{k} micro-batches of {args.batch_size // k}, device {env.device}, "
+             f"backend {env.backend}, {env.num_threads} thread(s)/rank")
 
     mnist = data.load_mnist(args.data_dir, args.download, env.is_main, barrier=course.barrier)
     log.info(mnist.describe())
     x_train, y_train, x_test, y_test = to_tensors(mnist, env.device)
     train_set, test_set = TensorDataset(x_train, y_train), TensorDataset(x_test, y_test)
-    # [3] No sharding: one pipeline trains on one stream of batches. Every rank draws the same shuffled batches;
-    #     the first stage uses the digits, the last the labels.
-    loader = DataLoader(train_set, batch_size=args.batch_size, drop_last=True, sampler=DistributedSampler(
-        train_set, num_replicas=1, rank=0, shuffle=True, seed=args.seed))
+    # [3] No sharding: one pipeline trains on one stream of batches. Every rank draws the same
+    #     shuffled batches; the first stage uses the digits, the last the labels.
+    loader = DataLoader(train_set, batch_size=args.batch_size, drop_last=True,
+                        sampler=DistributedSampler(train_set, num_replicas=1, rank=0, shuffle=True,
+                                                   seed=args.seed))
     test_loader = DataLoader(test_set, batch_size=args.test_batch_size)
 
     torch.manual_seed(args.seed)
     model = common.mlp(args.width).to(env.device)
-    # [5] Split the model: this rank keeps its stage's layers (all ranks built the same seeded model, so the
-    #     stages fit together as rank 0's would). Nothing to broadcast: each parameter lives on one rank.
+    # [5] Split the model: this rank keeps its stage's layers (all ranks built the same seeded
+    #     model, so the stages fit together as rank 0's would). Nothing to broadcast: each parameter
+    #     lives on one rank.
     part = stage_layers(model, env.rank, stages)
     stage = schedule = None
     if env.distributed:
         stage = common.TimedStage(part, env.rank, stages, torch.device(env.device))
         schedule = SCHEDULES[args.schedule](stage, k, loss_fn=F.cross_entropy)
-    # [4] The LR is not scaled: the pipeline takes one batch of --batch-size per step, like one process
-    #     (so --lr-warmup-epochs has nothing to ramp).
+    # [4] The LR is not scaled: the pipeline takes one batch of --batch-size per step, like one
+    #     process (so --lr-warmup-epochs has nothing to ramp).
     optimizer = torch.optim.SGD(part.parameters(), lr=args.lr, momentum=args.momentum)
     run.write_config(args, env.as_dict(), FRAMEWORK, {"log_dir": log_dir, "scaled_lr": args.lr})
 
@@ -171,32 +196,41 @@ def main():
     for epoch in range(1, args.epochs + 1):
         loader.sampler.set_epoch(epoch)  # [3] a new shuffle each epoch, the same on every rank
         start = time.perf_counter()
-        train = train_epoch(part, schedule, stage, optimizer, loader, epoch, env, args, wire, timing)
+        train = train_epoch(part, schedule, stage, optimizer, loader, epoch, env, args, wire,
+                            timing)
         train_time = course.all_max(time.perf_counter() - start, env)
-        sums = torch.tensor(train + evaluate(part, test_loader, env, args.width), dtype=torch.float64,
-                            device=env.device)
-        if env.distributed:  # [7] Metrics: only the last stage has them; it broadcasts them to every rank
+        sums = torch.tensor(train + evaluate(part, test_loader, env, args.width),
+                            dtype=torch.float64, device=env.device)
+        if env.distributed:  # [7] Metrics: only the last stage has them; it sends them to all
             dist.broadcast(sums, src=stages - 1)
-        run.epoch_end(epoch, sums.tolist(), args.lr, time.perf_counter() - start, train_time, env, FRAMEWORK)
+        run.epoch_end(epoch, sums.tolist(), args.lr, time.perf_counter() - start, train_time, env,
+                      FRAMEWORK)
 
-    # --- summary: the whole model (stages gathered), what each stage holds, sent and waited for --------------
+    # --- summary: the whole model (stages gathered), what each stage holds, sent and waited for ---
     state = {}
-    for part_state in course.gather_object({name: t.cpu() for name, t in part.state_dict().items()}):
+    mine = {name: t.cpu() for name, t in part.state_dict().items()}
+    for part_state in course.gather_object(mine):
         state.update(part_state)
     if args.save_model and env.is_main:  # [8] one writer: rank 0 saves the gathered full weights
         save_checkpoint(Path(log_dir) / "model.pt", state)
-    _, pipe_s, compute_s = (sum(column) for column in zip(*timing)) if timing else (0.0, float("nan"), 0.0)
+    nan = float("nan")
+    _, pipe_s, compute_s = (sum(column) for column in zip(*timing)) if timing else (0.0, nan, 0.0)
+    step_s = statistics.median(t[0] for t in timing) if timing else nan
     run.summary({
         "wall_time_s": time.perf_counter() - wall_start, "weights_checksum": common.checksum(state),
         "param_bytes_per_rank": course.gather_object(sum(p.nbytes for p in part.parameters())),
         "param_bytes_full_model": sum(t.nbytes for t in state.values()),
         "wire_bytes_per_step": course.gather_object(wire.per_step()),
-        "step_time_s": course.all_max(statistics.median(t[0] for t in timing) if timing else float("nan"), env),
+        "step_time_s": course.all_max(step_s, env),
         "pipeline": {"stages": stages, "micro_batches": k, "schedule": args.schedule,
-                     "idle_fraction": course.gather_object(1 - compute_s / pipe_s if stage else 0.0),  # measured
+                     # measured, and what the schedule's bubble predicts
+                     "idle_fraction": course.gather_object(
+                         1 - compute_s / pipe_s if stage else 0.0),
                      "idle_fraction_theory": (stages - 1) / (k + stages - 1),
-                     "peak_micro_batches_in_flight": course.gather_object(getattr(stage, "peak_in_flight", 0))},
-        "device": env.device, "world_size": env.world_size, "launcher": env.launcher, "framework": FRAMEWORK})
+                     "peak_micro_batches_in_flight": course.gather_object(
+                         getattr(stage, "peak_in_flight", 0))},
+        "device": env.device, "world_size": env.world_size, "launcher": env.launcher,
+        "framework": FRAMEWORK})
     course.shutdown()
 
 

@@ -1,9 +1,12 @@
 #!/usr/bin/env python
 """MNIST with tensor parallelism (PyTorch DTensor): each layer of a wide MLP split over the ranks.
 
-    torchrun --nproc_per_node 2 model_parallel/tensor_parallel.py            each rank holds half of every layer
-    torchrun --nproc_per_node 4 model_parallel/tensor_parallel.py --dp 2     2 data-parallel x 2 tensor-parallel
-    python model_parallel/tensor_parallel.py                                 one process: the unsplit model
+    torchrun --nproc_per_node 2 model_parallel/tensor_parallel.py
+        each rank holds half of every layer
+    torchrun --nproc_per_node 4 model_parallel/tensor_parallel.py --dp 2
+        2 data-parallel x 2 tensor-parallel
+    python model_parallel/tensor_parallel.py
+        one process: the unsplit model
 
 The numbered comments are the course's recipe: the same number marks the same step in every lesson
 (README.md, "The recipe"); model_parallel/README.md explains each line here.
@@ -12,14 +15,16 @@ import statistics
 import sys
 import time
 from contextlib import nullcontext
+from dataclasses import replace
 from datetime import timedelta
 from itertools import islice
 from pathlib import Path
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # the repo root *after* site-packages
+import utils
+
 # Before the frameworks: a missing one is then one line that says how to get it, and the libraries'
 # lines that teach nothing are filtered (utils/quiet.py names each; COURSE_VERBOSE=1 shows them).
-import utils  # noqa: E402
 utils.course_output()
 
 import torch
@@ -31,17 +36,19 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-from model_parallel import common  # noqa: E402  (the MLP, and the counters behind summary.json)
-from utils import data, log  # noqa: E402
-from utils import dist as course  # noqa: E402
-from utils.parse_args import parse, positive_int  # noqa: E402
-from utils.schedule import lr_at, scaled_lr  # noqa: E402
-from utils.torch_utils import save_checkpoint, steps_per_epoch, to_tensors  # noqa: E402
+from model_parallel import common  # the MLP, and the counters behind summary.json
+from utils import data, log
+from utils import dist as course
+from utils.parse_args import parse, positive_int
+from utils.schedule import lr_at, scaled_lr
+from utils.torch_utils import save_checkpoint, steps_per_epoch, to_tensors
 
 FRAMEWORK = "pytorch-tensor-parallel"
-# Column-parallel: each rank computes a slice of the layer's outputs. Row-parallel: each rank multiplies its
-# slice of the inputs, and one all-reduce sums the partial outputs. The head (width -> 10) stays whole.
-PLAN = {"fc1": ColwiseParallel(), "fc2": RowwiseParallel(), "fc3": ColwiseParallel(), "fc4": RowwiseParallel()}
+# Column-parallel: each rank computes a slice of the layer's outputs. Row-parallel: each rank
+# multiplies its slice of the inputs, and one all-reduce sums the partial outputs. The head
+# (width -> 10) stays whole.
+PLAN = {"fc1": ColwiseParallel(), "fc2": RowwiseParallel(),
+        "fc3": ColwiseParallel(), "fc4": RowwiseParallel()}
 
 
 def local(t):
@@ -59,12 +66,13 @@ def train_epoch(model, optimizer, loader, mesh, epoch, lr_of, env, args, wire, s
             group["lr"] = lr_of(step / steps)
         optimizer.zero_grad()
         with wire if step == 1 else nullcontext():  # counts what this rank sends during one step
-            output = model(x)  # the whole batch's [B, 10] on every rank: fc2 and fc4 all-reduced their outputs
+            output = model(x)  # [B, 10] on every rank: fc2 and fc4 all-reduced their outputs
             loss = F.cross_entropy(output, y)
             loss.backward()  # ...and fc3's input gradient is all-reduced on the way back
             if args.dp > 1:
-                # [6] Gradients averaged over the dp ranks only: one all_reduce per parameter over the "dp" group
-                #     (a tensor-parallel rank holds its slice's only gradient: nothing to average over "tp").
+                # [6] Gradients averaged over the dp ranks only: one all_reduce per parameter over
+                #     the "dp" group (a tensor-parallel rank holds its slice's only gradient:
+                #     nothing to average over "tp").
                 for p in model.parameters():
                     dist.all_reduce(local(p.grad), group=mesh.get_group("dp"))
                     local(p.grad).div_(args.dp)
@@ -93,33 +101,37 @@ def evaluate(model, loader):
 def main():
     p = common.parser(__doc__)
     p.add_argument("--dp", type=positive_int, default=1,
-                   help="data-parallel replicas: the ranks form a dp x tp mesh, tp = world size / dp")
+                   help="data-parallel replicas: the ranks form a dp x tp mesh, "
+                        "tp = world size / dp")
     args = parse(p)
     common.check_shared_flags(args)
     wall_start = time.perf_counter()
 
-    # [1] Who am I? Checked before any process group exists, so bad sizes fail at once on every rank.
+    # [1] Who am I? Checked before any process group exists: bad sizes fail at once on every rank.
     env = course.export_rendezvous(course.discover())
     if env.world_size % args.dp:
         log.fail(f"--dp {args.dp} does not divide the {env.world_size} rank(s) into dp x tp")
     tp = env.world_size // args.dp
     if args.width % tp:
-        log.fail(f"{tp} tensor-parallel ranks do not divide the layer width {args.width} (--width): "
+        log.fail(f"{tp} tensor-parallel ranks do not divide the layer width {args.width} "
+                 f"(--width): "
                  f"each rank must hold an equal slice")
     # [2] Pin the device to the local rank (GPU = local rank; on CPUs a share of the cores).
-    env.device = course.pick_device(args.device, env.local_rank)
-    if env.device != "cpu":  # one call for NVIDIA (cuda:N) and Intel (xpu:N) GPUs: torch.cuda/xpu.set_device
-        torch.accelerator.set_device_index(env.device)
-    env.num_threads = course.threads_per_rank(args.num_threads, env.local_world_size)
-    torch.set_num_threads(env.num_threads)
-    mesh = None
+    device = course.pick_device(args.device, env.local_rank)
+    if device != "cpu":  # one call for NVIDIA (cuda:N) and Intel (xpu:N): torch.cuda/xpu.set_device
+        torch.accelerator.set_device_index(device)
+    num_threads = course.threads_per_rank(args.num_threads, env.local_world_size)
+    torch.set_num_threads(num_threads)
+    mesh, backend = None, "none"
     if env.distributed:
-        # [1] Start the process group, then lay the ranks out as a dp x tp grid: ranks 0..tp-1 are one
-        #     tensor-parallel group (one copy of the model), the next tp ranks the next copy.
-        env.backend = course.pick_backend(args.backend, env.device)
-        dist.init_process_group(env.backend, rank=env.rank, world_size=env.world_size,
-                                timeout=timedelta(seconds=args.dist_timeout), store=course.restart_store(env))
-        mesh = init_device_mesh(env.device.split(":")[0], (args.dp, tp), mesh_dim_names=("dp", "tp"))
+        # [1] Start the process group, then lay the ranks out as a dp x tp grid: ranks 0..tp-1 are
+        #     one tensor-parallel group (one copy of the model), the next tp ranks the next copy.
+        backend = course.pick_backend(args.backend, device)
+        dist.init_process_group(backend, rank=env.rank, world_size=env.world_size,
+                                timeout=timedelta(seconds=args.dist_timeout),
+                                store=course.restart_store(env))
+        mesh = init_device_mesh(device.split(":")[0], (args.dp, tp), mesh_dim_names=("dp", "tp"))
+    env = replace(env, device=device, backend=backend, num_threads=num_threads)  # env, now complete
     dp_rank = mesh.get_local_rank("dp") if mesh else 0
     log.configure(env.rank, env.local_rank, args.log_all_ranks)
     log_dir = args.log_dir or course.broadcast_object(log.default_log_dir("tensor-parallel"))
@@ -131,26 +143,31 @@ def main():
     log.info(mnist.describe())
     x_train, y_train, x_test, y_test = to_tensors(mnist, env.device)
     train_set, test_set = TensorDataset(x_train, y_train), TensorDataset(x_test, y_test)
-    # [3] Shard the data by the *dp* rank only: the tp ranks of one model copy all see the same whole batch
-    #     (each computes its slice of every layer for all of it); with --dp 1 every rank sees every batch.
-    loader = DataLoader(train_set, batch_size=args.batch_size, drop_last=True, sampler=DistributedSampler(
-        train_set, num_replicas=args.dp, rank=dp_rank, shuffle=True, seed=args.seed))
+    # [3] Shard the data by the *dp* rank only: the tp ranks of one model copy all see the same
+    #     whole batch (each computes its slice of every layer for all of it); with --dp 1 every
+    #     rank sees every batch.
+    loader = DataLoader(train_set, batch_size=args.batch_size, drop_last=True,
+                        sampler=DistributedSampler(train_set, num_replicas=args.dp, rank=dp_rank,
+                                                   shuffle=True, seed=args.seed))
     test_loader = DataLoader(test_set, batch_size=args.test_batch_size, sampler=DistributedSampler(
         test_set, num_replicas=args.dp, rank=dp_rank, shuffle=False))
 
     torch.manual_seed(args.seed)
     model = common.mlp(args.width).to(env.device)
     if env.distributed:
-        # [5] Start from rank 0's weights (one broadcast per tensor), then split: parallelize_module turns each
-        #     planned layer's weight into a DTensor of which this rank keeps its slice (1/tp of the layer).
+        # [5] Start from rank 0's weights (one broadcast per tensor), then split: parallelize_module
+        #     turns each planned layer's weight into a DTensor of which this rank keeps its slice
+        #     (1/tp of the layer).
         for tensor in model.state_dict().values():
             dist.broadcast(tensor, src=0)
         if tp > 1:
             parallelize_module(model, mesh["tp"], PLAN)
-    # [4] Scale the LR with the number of *different* batches per step: dp (the tp ranks share one batch).
+    # [4] Scale the LR with the number of *different* batches per step: dp (the tp ranks of a
+    #     copy share one batch).
     lr = scaled_lr(args.lr, args.dp, not args.no_lr_scaling)
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum)
-    run.write_config(args, env.as_dict(), FRAMEWORK, {"log_dir": log_dir, "scaled_lr": lr, "tp": tp})
+    run.write_config(args, env.as_dict(), FRAMEWORK,
+                     {"log_dir": log_dir, "scaled_lr": lr, "tp": tp})
 
     wire, step_times = common.WireBytes(), []
     for epoch in range(1, args.epochs + 1):
@@ -160,31 +177,40 @@ def main():
             return lr_at(epoch - 1 + fraction, args.lr, lr, args.lr_warmup_epochs)
 
         start = time.perf_counter()
-        train = train_epoch(model, optimizer, loader, mesh, epoch, lr_of, env, args, wire, step_times)
+        train = train_epoch(model, optimizer, loader, mesh, epoch, lr_of, env, args, wire,
+                            step_times)
         train_time = course.all_max(time.perf_counter() - start, env)
-        sums = torch.tensor(train + evaluate(model, test_loader), dtype=torch.float64, device=env.device)
+        sums = torch.tensor(train + evaluate(model, test_loader), dtype=torch.float64,
+                            device=env.device)
         if args.dp > 1:
-            # [7] Metrics summed over the dp ranks only: the tp ranks of one copy counted the same samples.
+            # [7] Metrics summed over the dp ranks only (the tp ranks of a copy counted the same
+            #     samples).
             dist.all_reduce(sums, op=dist.ReduceOp.SUM, group=mesh.get_group("dp"))
-        run.epoch_end(epoch, sums.tolist(), optimizer.param_groups[0]["lr"], time.perf_counter() - start,
-                      train_time, env, FRAMEWORK)
+        run.epoch_end(epoch, sums.tolist(), optimizer.param_groups[0]["lr"],
+                      time.perf_counter() - start, train_time, env, FRAMEWORK)
 
-    # --- summary: the whole model (slices gathered), what each rank holds, what it sent ---------------------
-    state = {name: common.full_tensor(t) for name, t in model.state_dict().items()}  # a collective over tp
+    # --- summary: the whole model (slices gathered), what each rank holds, what it sent -----------
+    # The full weights: each DTensor's slices gathered (a collective over tp).
+    state = {name: common.full_tensor(t) for name, t in model.state_dict().items()}
     if args.save_model and env.is_main:  # [8] one writer: rank 0 saves the gathered full weights
         save_checkpoint(Path(log_dir) / "model.pt", {name: t.cpu() for name, t in state.items()})
-    split = [p for p in model.parameters() if isinstance(p, DTensor) and isinstance(p.placements[-1], Shard)]
+    split = [p for p in model.parameters()
+             if isinstance(p, DTensor) and isinstance(p.placements[-1], Shard)]
+    slices = {name: local(t) for name, t in model.state_dict().items()}  # equal over dp
     run.summary({
         "wall_time_s": time.perf_counter() - wall_start, "weights_checksum": common.checksum(state),
-        "param_checksums": course.gather_object(common.checksum(
-            {name: local(t) for name, t in model.state_dict().items()})),  # this rank's slices: equal over dp
-        "param_bytes_per_rank": course.gather_object(sum(local(p).nbytes for p in model.parameters())),
+        "param_checksums": course.gather_object(common.checksum(slices)),
+        "param_bytes_per_rank": course.gather_object(
+            sum(local(p).nbytes for p in model.parameters())),
         "param_bytes_full_model": sum(t.nbytes for t in state.values()),
-        "split_param_numel": {"full": sum(p.numel() for p in split), "per_rank": course.gather_object(
-            sum(local(p).numel() for p in split))},
-        "wire_bytes_per_step": wire.per_step(), "step_time_s": course.all_max(statistics.median(step_times), env),
+        "split_param_numel": {"full": sum(p.numel() for p in split),
+                              "per_rank": course.gather_object(
+                                  sum(local(p).numel() for p in split))},
+        "wire_bytes_per_step": wire.per_step(),
+        "step_time_s": course.all_max(statistics.median(step_times), env),
         "dp": args.dp, "tp": tp, "width": args.width, "batch_size": args.batch_size,
-        "device": env.device, "world_size": env.world_size, "launcher": env.launcher, "framework": FRAMEWORK})
+        "device": env.device, "world_size": env.world_size, "launcher": env.launcher,
+        "framework": FRAMEWORK})
     course.shutdown()
 
 

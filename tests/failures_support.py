@@ -21,11 +21,23 @@ import numpy as np
 import psutil
 import pytest
 
-from support import (BIN, ROOT, deepspeed_launcher, error_lines, horovodrun, launch_command, metrics,  # noqa: F401
-                      mpiexec, python, run, summary, torchrun)
-sys.path.append(str(ROOT))
-from utils import data  # noqa: E402
+from support import (  # noqa: F401
+    BIN,
+    ROOT,
+    deepspeed_launcher,
+    error_lines,
+    horovodrun,
+    launch_command,
+    metrics,
+    mpiexec,
+    python,
+    run,
+    summary,
+    torchrun,
+)
 
+sys.path.append(str(ROOT))
+from utils import data
 
 DDP, HVD_TORCH, HVD_TF, KERAS, DS = ("DDP/main.py", "horovod/pytorch/main.py", "horovod/tensorflow/main.py",
                                      "horovod/tensorflow/keras_main.py", "deepspeed/main.py")

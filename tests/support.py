@@ -13,8 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent  # the venv's bin: torchrun, mpiexec, horovodrun, deepspeed
 sys.path.append(str(ROOT))  # after site-packages: `import horovod` stays the library
-from utils.dist import free_port  # noqa: E402
-from utils.tools.launch import launch_command  # noqa: E402  (the one module that knows launchers)
+from utils.tools.launch import launch_command
 
 
 def run(cmd, timeout=300, env=None, cwd=ROOT):

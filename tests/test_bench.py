@@ -8,12 +8,12 @@ import pytest
 from support import ROOT, check, python, run
 
 sys.path.append(str(ROOT / "utils" / "tools"))  # the tools import each other by name, as when run as programs
-import bench  # noqa: E402
-import bench_cpu  # noqa: E402
-import bench_overhead  # noqa: E402
-import bench_report  # noqa: E402
-import bench_runs  # noqa: E402
-import bench_wire  # noqa: E402
+import bench
+import bench_cpu
+import bench_overhead
+import bench_report
+import bench_runs
+import bench_wire
 
 
 def test_efficiency_arithmetic():

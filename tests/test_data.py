@@ -8,7 +8,7 @@ import pytest
 from support import ROOT
 
 sys.path.append(str(ROOT))
-from utils import data  # noqa: E402
+from utils import data
 
 
 def idx_bytes(array):

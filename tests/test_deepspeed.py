@@ -3,7 +3,19 @@ import json
 
 import pytest
 
-from support import assert_event_epochs, ROOT, check, deepspeed_launcher, error_lines, metrics, mpiexec, python, run, summary, torchrun
+from support import (
+    ROOT,
+    assert_event_epochs,
+    check,
+    deepspeed_launcher,
+    error_lines,
+    metrics,
+    mpiexec,
+    python,
+    run,
+    summary,
+    torchrun,
+)
 
 SCRIPT = "deepspeed/main.py"
 QUICK = ["--epochs", "2", "--max-steps", "8", "--log-interval", "4"]

@@ -1,4 +1,4 @@
-"""Devices, backends and multi-node launches (issue 22).
+"""Devices, backends and multi-node launches.
 
 - The device and backend choice: `--device auto` takes xpu (Intel GPUs, Aurora), then cuda, then cpu, pinned by
   local rank; `--backend auto` maps xpu -> xccl, cuda -> nccl, cpu -> gloo. The selection logic runs here against
@@ -18,8 +18,8 @@ import torch
 from support import ROOT, check, error_lines, metrics, mpiexec, run, summary, torchrun
 
 sys.path.append(str(ROOT))
-from utils import dist as course  # noqa: E402
-from utils.tools import launch  # noqa: E402
+from utils import dist as course
+from utils.tools import launch
 
 DDP, HVD_TORCH, HVD_TF, DS = "DDP/main.py", "horovod/pytorch/main.py", "horovod/tensorflow/main.py", "deepspeed/main.py"
 TP, PP = "model_parallel/tensor_parallel.py", "model_parallel/pipeline_parallel.py"
@@ -180,7 +180,7 @@ def test_simulated_nodes_refuses_a_launcher_that_cannot_do_it():
 
 
 def test_horovod_built_without_pytorch_is_one_line_that_names_ddp(tmp_path):
-    # Aurora's frameworks module (2026) has Horovod without its PyTorch extension: `import horovod.torch` then
+    # Aurora's frameworks module has Horovod without its PyTorch extension: `import horovod.torch` then
     # raises Horovod's own "Extension horovod.torch has not been built" ImportError, reproduced here.
     package = tmp_path / "horovod" / "torch"
     package.mkdir(parents=True)

@@ -9,7 +9,7 @@ import pytest
 from support import ROOT, check, error_lines, run, torchrun
 
 sys.path.append(str(ROOT / "diagnose"))
-import collectives  # noqa: E402
+import collectives
 
 TOOL = "diagnose/collectives.py"
 

@@ -11,7 +11,7 @@ from support import ROOT, check, error_lines, run
 from utils.tools.launch import launch_command
 
 sys.path.append(str(ROOT / "diagnose"))
-import trace_summary  # noqa: E402
+import trace_summary
 
 PROFILE = ROOT / "diagnose" / "profile_ranks.py"
 SHORT = ["--epochs", "1", "--max-steps", "14", "--log-interval", "100"]
@@ -70,7 +70,7 @@ def test_the_split_of_a_step_adds_up_on_a_known_trace():
     us."""
     x = lambda name, ts, dur, tid=1, cat="cpu_op": dict(
         ph="X", name=name, ts=ts, dur=dur, tid=tid, cat=cat
-    )  # noqa
+    )
     events = [
         x("ProfilerStep#3", 0, 100, cat="user_annotation"),
         x("phase:forward", 0, 20, cat="user_annotation"),

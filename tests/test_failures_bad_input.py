@@ -6,11 +6,19 @@ import sys
 import pytest
 import torch
 
+from failures_support import (
+    DDP,
+    DS,
+    HVD_TF,
+    HVD_TORCH,
+    RESUMABLE,
+    SCRIPTS,
+    assert_log_dir_sound,
+    checked,
+    tiny,  # noqa: F401  (fixtures)
+    write_idx_set,
+)
 from support import ROOT, error_lines, mpiexec, python, run
-from failures_support import (DDP, DS, HVD_TF, HVD_TORCH, RESUMABLE, SCRIPTS, assert_log_dir_sound, checked,
-                              write_idx_set)
-from failures_support import tiny  # noqa: F401,F811  (fixtures)
-
 
 BAD_FLAGS = [  # (flag and value, words the error line must contain): every common flag of utils/parse_args.py
     (["--epochs", "0"], "--epochs"), (["--batch-size", "-1"], "--batch-size"),

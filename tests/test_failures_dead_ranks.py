@@ -4,9 +4,17 @@ import signal
 
 import pytest
 
+from failures_support import (
+    DDP,
+    DS,
+    HVD_TF,
+    HVD_TORCH,
+    KILL_LAUNCHES,
+    assert_log_dir_sound,
+    assert_no_traceback_through_the_example,
+    signal_rank_1,
+)
 from support import error_lines, horovodrun, torchrun
-from failures_support import (DDP, DS, HVD_TF, HVD_TORCH, KILL_LAUNCHES, assert_log_dir_sound,
-                              assert_no_traceback_through_the_example, signal_rank_1)
 
 
 @pytest.mark.parametrize("script,launcher", KILL_LAUNCHES)

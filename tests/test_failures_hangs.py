@@ -15,8 +15,8 @@ import time
 
 import pytest
 
-from support import BIN, ROOT, python, run, torchrun
 from failures_support import DDP, DS, tiny  # noqa: F401  (tiny: a fixture)
+from support import BIN, ROOT, python, run, torchrun
 
 DIAGNOSE_DEADLINE_S = 60
 HOOKS = str(ROOT / "tests" / "hooks")
@@ -195,7 +195,7 @@ def test_a_rank_that_dies_before_any_collective_is_torchruns_root_cause(tmp_path
     assert re.search(r"rank\s+: 1 \(local_rank: 1\)\s+exitcode\s+: 3", root), root
 
 
-def data_order(tmp_path, tiny, plant):  # noqa: F811
+def data_order(tmp_path, tiny, plant):
     folder = tmp_path / ("planted" if plant else "as-written")
     env = {"COURSE_DATA_ORDER": str(folder), **({"COURSE_PLANT": plant} if plant else {})}
     result = run(
@@ -219,7 +219,7 @@ def data_order(tmp_path, tiny, plant):  # noqa: F811
     return [json.loads(line)["first"] for line in (folder / "rank0.jsonl").read_text().splitlines()]
 
 
-def test_a_forgotten_set_epoch_repeats_the_data_order_every_epoch(tmp_path, tiny):  # noqa: F811
+def test_a_forgotten_set_epoch_repeats_the_data_order_every_epoch(tmp_path, tiny):
     """No hang, no error: the data-order check (each epoch's first samples of a rank) shows it."""
     as_written = data_order(tmp_path, tiny, None)
     forgotten = data_order(tmp_path, tiny, "no-set-epoch")

@@ -12,8 +12,8 @@ import time
 import psutil
 import pytest
 
-from support import BIN, ROOT, deepspeed_launcher, horovodrun, mpiexec, run, torchrun
 from failures_support import DDP, DS, HVD_TF, HVD_TORCH, ranks_of
+from support import BIN, ROOT, deepspeed_launcher, horovodrun, mpiexec, run, torchrun
 
 STOP_DEADLINE_S = 20
 

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from support import ROOT, deepspeed_launcher, error_lines, horovodrun, mpiexec, run, torchrun
 from failures_support import DDP, DS, HVD_TF, HVD_TORCH, KERAS, tiny  # noqa: F401  (a fixture)
+from support import ROOT, deepspeed_launcher, error_lines, horovodrun, mpiexec, run, torchrun
 
 ZERO, TP, PP = (
     "zero/main.py",
@@ -165,7 +165,7 @@ def test_an_unusable_path_is_one_line_per_rank_under_every_launcher(tmp_path, sc
         assert "error_file: <N/A>" not in root_cause and flags[-2] in root_cause, root_cause
 
 
-def test_more_threads_than_cores_is_one_warning_for_the_node(tmp_path, tiny):  # noqa: F811
+def test_more_threads_than_cores_is_one_warning_for_the_node(tmp_path, tiny):
     cores = len(os.sched_getaffinity(0))
     result = run(
         mpiexec(

@@ -4,11 +4,21 @@ import signal
 import pytest
 import torch
 
-from support import (error_lines, launch_command, metrics,
-                      python, run, summary, torchrun)
-from failures_support import (DDP, DS, HVD_TF, HVD_TORCH, SCRIPTS, assert_log_dir_sound, checked, quick,
-                              remove_the_half_written_file, without_timing)
-from failures_support import straight_run, tiny  # noqa: F401,F811  (fixtures)
+from failures_support import (  # noqa: F401  (fixtures)
+    DDP,
+    DS,
+    HVD_TF,
+    HVD_TORCH,
+    SCRIPTS,
+    assert_log_dir_sound,
+    checked,
+    quick,
+    remove_the_half_written_file,
+    straight_run,
+    tiny,
+    without_timing,
+)
+from support import error_lines, launch_command, metrics, python, run, summary, torchrun
 
 
 @pytest.mark.parametrize("script", SCRIPTS)

@@ -13,7 +13,7 @@ from support import run
 from test_slurm import SLURM, frameworks, job_env, output, slurm, submit, wait  # noqa: F401
 
 
-def test_scancel_stops_every_rank_in_one_line(slurm, frameworks, tmp_path):  # noqa: F811
+def test_scancel_stops_every_rank_in_one_line(slurm, frameworks, tmp_path):
     env = job_env(slurm, frameworks, tmp_path / "runs")
     job_id = submit(
         env,

@@ -9,8 +9,8 @@ import shutil
 
 import pytest
 
-from support import horovodrun, metrics, run, torchrun
 from failures_support import DDP, HVD_TORCH, checked, tiny  # noqa: F401  (tiny: a fixture)
+from support import horovodrun, metrics, run, torchrun
 
 FLAGS = ["--batch-size", "16", "--num-threads", "1", "--seed", "7", "--log-interval", "100"]
 
@@ -22,7 +22,7 @@ FLAGS = ["--batch-size", "16", "--num-threads", "1", "--seed", "7", "--log-inter
         pytest.param((HVD_TORCH, horovodrun), id="hvd-torch-horovodrun"),
     ],
 )
-def written_at_2(request, tmp_path_factory, tiny):  # noqa: F811
+def written_at_2(request, tmp_path_factory, tiny):
     """One epoch at 2 ranks, with its checkpoint: shared by the resumes at 1 and 4 ranks."""
     script, launcher = request.param
     log_dir = tmp_path_factory.mktemp("world2")
@@ -38,7 +38,7 @@ def written_at_2(request, tmp_path_factory, tiny):  # noqa: F811
 @pytest.mark.parametrize("ranks", [1, 4])
 def test_a_checkpoint_of_2_ranks_continues_at_another_world_size(
     tmp_path, tiny, written_at_2, ranks
-):  # noqa: F811
+):
     script, launcher, written = written_at_2
     log_dir = tmp_path / "log"
     shutil.copytree(written, log_dir)

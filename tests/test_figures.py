@@ -12,11 +12,11 @@ import torch
 from support import ROOT, check, metrics, python, run, torchrun
 
 sys.path.append(str(ROOT / "utils" / "tools"))  # the tools import each other by name, as when run as programs
-import figures  # noqa: E402
-import figures_plots  # noqa: E402
-import figures_runs  # noqa: E402
-from utils.parse_args import clip_flag, get_parser  # noqa: E402
-from utils.torch_utils import Net  # noqa: E402
+import figures
+import figures_plots
+import figures_runs
+from utils.parse_args import clip_flag, get_parser
+from utils.torch_utils import Net
 
 IMAGE_EXT = (".png", ".svg", ".jpg", ".jpeg", ".gif")
 

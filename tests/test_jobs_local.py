@@ -1,8 +1,8 @@
 """submissions/local: the workstation scripts run for real with the course's .venv (2 ranks, a few
 steps)."""
 
-from support import BIN, ROOT, check, metrics, run
 from jobs_support import EXAMPLES, QUICK, SUB, expected_launch, launches, printed
+from support import BIN, ROOT, check, metrics, run
 
 PATH = "/usr/local/bin:/usr/bin:/bin"  # no .venv on PATH: the script activates it itself
 

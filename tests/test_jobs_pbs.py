@@ -5,7 +5,7 @@ The dry run prints the plan; the real runs train on CPUs through the launcher's 
 printed launch line must be the one written in the script's text, with its variables' values."""
 
 import pytest
-from support import BIN, ROOT, check, metrics, run
+
 from jobs_support import (
     EXAMPLES,
     LAUNCHER,
@@ -23,6 +23,7 @@ from jobs_support import (
     shim_launches,
     sweep_points,
 )
+from support import BIN, ROOT, check, metrics, run
 
 # Aurora's --cpu-bind list (ALCF's running-jobs page): 8 cores per rank, cores 0 and 52 left to the
 # system.

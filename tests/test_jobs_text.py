@@ -4,7 +4,7 @@ node and rank statements against the scripts, the one table of examples, Polaris
 import re
 
 import pytest
-from support import BIN, ROOT, check, run
+
 from jobs_support import (
     EXAMPLES,
     MACHINES,
@@ -15,6 +15,7 @@ from jobs_support import (
     nodes_asked,
     ranks_per_node,
 )
+from support import BIN, ROOT, check, run
 
 SCRIPTS = sorted(SUB.glob("*/*.sh"))
 LIVE = [s for s in SCRIPTS if s.parent.name != "retired"]

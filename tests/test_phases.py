@@ -8,9 +8,9 @@ import pytest
 from support import ROOT, check, metrics, python, run
 
 sys.path.append(str(ROOT / "utils" / "tools"))  # the tools import each other by name, as when run as programs
-import bench  # noqa: E402
-import bench_phases  # noqa: E402
-import phases  # noqa: E402
+import bench
+import bench_phases
+import phases
 
 
 class FakeClock:

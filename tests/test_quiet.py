@@ -7,10 +7,9 @@ import subprocess
 import sys
 import time
 
-import pytest
 import torch
-from support import BIN, ROOT, check, horovodrun, python, run, torchrun
 
+from support import BIN, ROOT, check, horovodrun, python, run, torchrun
 from utils.dist import free_port
 
 VERBOSE = {"COURSE_VERBOSE": "1"}

@@ -61,9 +61,11 @@ def test_the_core_steps_are_in_every_training_lesson():
 @pytest.mark.parametrize("script", LESSONS)
 def test_lessons_are_short_and_carry_no_hooks(script):
     text = (ROOT / script).read_text()
-    limit = 250 if script.startswith("zero/") else 200  # the ZeRO lesson sets up eight variants
+    # Lines of at most 100 columns (pyproject.toml); the ZeRO lesson sets up eight variants.
+    limit = 280 if script.startswith("zero/") else 240
     assert len(text.splitlines()) <= limit, f"{script}: {len(text.splitlines())} lines (at most {limit})"
-    for hook in (r"\bfaults\b", "COURSE_", "PHASES_OUT", "SCALING_DL_", r"\bbench"):
+    # COURSE_VERBOSE is the reader's own switch (utils/quiet.py); any other COURSE_ variable is a test's.
+    for hook in (r"\bfaults\b", "COURSE_(?!VERBOSE)", "PHASES_OUT", "SCALING_DL_", r"\bbench"):
         assert not re.search(hook, text), f"{script} mentions {hook!r}: tests and tools wrap a lesson from outside"
 
 

@@ -20,13 +20,9 @@ import time
 from pathlib import Path
 
 import pytest
-<<<<<<< HEAD
 
-from support import BIN, ROOT, check, free_port, metrics, run, summary
-=======
-from support import BIN, ROOT, check, free_port, metrics, run, summary
 from jobs_support import expected_launch, launches
->>>>>>> jobs
+from support import BIN, ROOT, check, free_port, metrics, run, summary
 
 CLUSTER = ROOT / "utils" / "tools" / "slurm_cluster.sh"
 SLURM = ROOT / "submissions" / "slurm"

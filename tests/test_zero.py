@@ -9,8 +9,8 @@ import pytest
 from support import ROOT, check, error_lines, python, run, torchrun
 
 sys.path.append(str(ROOT))  # after site-packages (see tests/test_shadowing.py)
-from zero.census import formula  # noqa: E402
-from zero.main import VARIANTS  # noqa: E402
+from zero.census import formula
+from zero.main import VARIANTS
 
 LESSON, REPORT = "zero/main.py", "zero/report.py"
 SMALL = ["--hidden", "64", "--layers", "1"]  # ~55k parameters: seconds per launch

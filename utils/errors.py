@@ -1,7 +1,7 @@
 """The course's two kinds of expected failure, each one line on stderr instead of a traceback.
 
-Its own module so that every helper (rank discovery, logging, arguments) can raise them without importing
-the others.
+Its own module so that every module (rank discovery, logging, arguments) can raise them without
+importing the others.
 """
 import json
 import os

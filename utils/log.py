@@ -11,7 +11,7 @@ import sys
 import tempfile
 import time
 
-from utils.errors import UserError, fail  # noqa: F401  (the lessons' log.fail, log.UserError)
+from utils.errors import UserError, fail  # re-exported: the lessons' log.fail, log.UserError
 
 _RANK = 0
 _ALL_RANKS = False
@@ -83,6 +83,7 @@ def _holds_results(folder):
 def remove_debris():
     """Remove the folders this run created and left without a result (rank 0 made them; rank 0 removes)."""
     import shutil
+
     from utils.dist import discover
     if discover().rank != 0:
         return
@@ -112,6 +113,7 @@ def _last_checkpoint():
 
 def _stopped_line(signum):
     import signal
+
     from utils.dist import discover
     checkpoint, log_dir = _last_checkpoint()
     rerun = "rerun with --resume auto" + (f" --log-dir {log_dir}" if log_dir else "")
@@ -196,6 +198,7 @@ def run_main(main):
             fail(str(exc))
         if not is_peer_failure(exc):
             import traceback
+
             from utils.errors import record_for_torchrun
             record_for_torchrun(traceback.format_exc())  # torchrun's report shows it (as @record would)
             raise  # a bug: keep the traceback

@@ -1,8 +1,8 @@
 """The learning-rate rule every example uses: linear scaling with the world size, and warmup.
 
-Goyal et al. 2017 ("Accurate, Large Minibatch SGD"): when the global batch grows k times, multiply the
-learning rate by k; start from the single-worker rate and ramp linearly to the scaled one over the first
-few epochs, because the scaled rate is too large while the weights are still random.
+Goyal et al. 2017 ("Accurate, Large Minibatch SGD"): when the global batch grows k times, multiply
+the learning rate by k; start from the single-worker rate and ramp linearly to the scaled one over
+the first few epochs, because the scaled rate is too large while the weights are still random.
 """
 
 

@@ -1,4 +1,5 @@
-"""PyTorch pieces shared by the DDP, Horovod-PyTorch and DeepSpeed examples (the model, tensors, checkpoints)."""
+"""PyTorch pieces shared by the DDP, Horovod-PyTorch and DeepSpeed examples (the model, tensors,
+checkpoints)."""
 import hashlib
 import os
 
@@ -11,7 +12,8 @@ from utils.log import atomic_write, fail
 
 
 class Net(nn.Module):
-    """The pytorch/examples MNIST CNN (1.2M parameters): two convolutions, max-pool, two dense layers."""
+    """The pytorch/examples MNIST CNN (1.2M parameters): two convolutions, max-pool, two dense
+    layers."""
 
     def __init__(self, dropout=0.25):
         super().__init__()
@@ -31,7 +33,8 @@ class Net(nn.Module):
 
 
 def to_tensors(mnist, device):
-    """Preload the whole set as normalized tensors on the device: no per-sample transforms in the hot loop."""
+    """Preload the whole set as normalized tensors on the device: no per-sample transforms in the
+    hot loop."""
     def images(a):
         return torch.from_numpy(normalized(a)).unsqueeze(1).to(device)
     return (images(mnist.x_train), torch.from_numpy(mnist.y_train).to(device),
@@ -39,14 +42,15 @@ def to_tensors(mnist, device):
 
 
 def steps_per_epoch(loaders, max_steps=None):
-    """Training steps this epoch: full batches of one rank's shard (every rank has as many), capped by
-    --max-steps. No full batch at all is an input error, reported in one line."""
+    """Training steps this epoch: full batches of one rank's shard (every rank has as many), capped
+    by --max-steps. No full batch at all is an input error, reported in one line."""
     steps = len(loaders[0])
     if steps == 0:
         sampler = loaders[0].sampler
-        raise DataError(f"{len(sampler.dataset)} training samples are too few for {sampler.num_replicas} ranks x "
-                        f"batch {loaders[0].batch_size} (with --grad-accum A, count A ranks for each): lower "
-                        "--batch-size or the ranks")
+        raise DataError(f"{len(sampler.dataset)} training samples are too few for "
+                        f"{sampler.num_replicas} ranks x batch {loaders[0].batch_size} "
+                        "(with --grad-accum A, count A ranks for each): "
+                        "lower --batch-size or the ranks")
     return min(steps, max_steps) if max_steps else steps
 
 
@@ -56,7 +60,8 @@ def seed_epoch(seed, epoch, rank):
 
 
 def param_checksum(model):
-    """sha256 of every parameter's bytes, in order: equal on two ranks only if their weights are identical."""
+    """sha256 of every parameter's bytes, in order: equal on two ranks only if their weights are
+    identical."""
     h = hashlib.sha256()
     for p in model.parameters():
         h.update(p.detach().float().cpu().contiguous().numpy().tobytes())
@@ -64,7 +69,8 @@ def param_checksum(model):
 
 
 def save_checkpoint(path, state):
-    """torch.save through a temporary file + fsync + rename: a crash mid-write keeps the previous checkpoint."""
+    """torch.save through a temporary file + fsync + rename: a crash mid-write keeps the previous
+    checkpoint."""
     atomic_write(path, lambda f: torch.save(state, f), mode="wb")
 
 
@@ -75,7 +81,8 @@ def load_checkpoint(path, device):
     try:
         return torch.load(path, map_location=device, weights_only=True)
     except Exception as exc:
-        fail(f"checkpoint {path} is unreadable (truncated or corrupted?): {str(exc).splitlines()[0]}")
+        reason = str(exc).splitlines()[0]
+        fail(f"checkpoint {path} is unreadable (truncated or corrupted?): {reason}")
 
 
 def restore(model, optimizer, state, path):

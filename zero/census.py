@@ -1,15 +1,16 @@
-"""The byte census of zero/main.py: which tensors one rank holds, sorted into the ZeRO paper's kinds, and the
-paper's formula to hold them against.
+"""The byte census of zero/main.py: which tensors one rank holds, sorted into the ZeRO paper's
+kinds, and the paper's formula to hold them against.
 
-Between the last backward and its optimizer step (gradients exist, and Adam's state exists since the first
-step) `census()` walks every tensor reachable from the model and the optimizer, counts each underlying storage
-once (a flat buffer and its views are one storage) and sorts it into
+Between the last backward and its optimizer step (gradients exist, and Adam's state exists since
+the first step) `census()` walks every tensor reachable from the model and the optimizer, counts
+each underlying storage once (a flat buffer and its views are one storage) and sorts it into
 
-- params: the model's parameters, or the slice this rank keeps (DeepSpeed's `ds_tensor` at stage 3, the local
-  shard of FSDP2's DTensors);
+- params: the model's parameters, or the slice this rank keeps (DeepSpeed's `ds_tensor` at stage 3,
+  the local shard of FSDP2's DTensors);
 - grads:  the parameters' `.grad`, and the gradient buffers and buckets the optimizer keeps;
 - optim:  Adam's exp_avg and exp_avg_sq in the optimizer that does the update;
-- master: parameters the optimizer updates that are not the model's own (DeepSpeed's fp32 copy of its slice);
+- master: parameters the optimizer updates that are not the model's own (DeepSpeed's fp32 copy of
+  its slice);
 - other:  anything else reached (bookkeeping, staging buffers).
 
 It also reads this process's resident memory (RSS) from /proc.
@@ -20,8 +21,8 @@ import resource
 import torch
 
 KINDS = ["params", "grads", "optim", "master", "other"]
-NAMES = {"params": "parameters", "grads": "gradients", "optim": "optimizer state", "master": "fp32 master copy",
-         "other": "other"}
+NAMES = {"params": "parameters", "grads": "gradients", "optim": "optimizer state",
+         "master": "fp32 master copy", "other": "other"}
 MB = 1e6
 
 
@@ -53,19 +54,22 @@ def walk(obj, path, found, seen, depth=0):
     seen.add(id(obj))
     if isinstance(obj, dict):
         for k, v in list(obj.items()):
-            walk(v, f"{path}[{k if isinstance(k, (str, int)) else type(k).__name__}]", found, seen, depth + 1)
+            name = k if isinstance(k, (str, int)) else type(k).__name__
+            walk(v, f"{path}[{name}]", found, seen, depth + 1)
     elif isinstance(obj, (list, tuple, set)):
         for i, v in enumerate(list(obj)):
             walk(v, f"{path}[{i}]", found, seen, depth + 1)
-    elif type(obj).__module__.split(".")[0] in ("torch", "deepspeed", "__main__") and hasattr(obj, "__dict__"):
+    elif (type(obj).__module__.split(".")[0] in ("torch", "deepspeed", "__main__")
+          and hasattr(obj, "__dict__")):
         for k, v in list(vars(obj).items()):
             walk(v, f"{path}.{k}", found, seen, depth + 1)
 
 
 def census(model, optimizer, adam):
-    """Bytes this rank holds, by kind, and the largest tensors behind the sums. model: what the training loop
-    calls (DeepSpeed's engine, DDP, the fully_shard model); optimizer: what it steps; adam: the torch Adam
-    inside that owns the state. Each storage counts once (views of a flat buffer share one)."""
+    """Bytes this rank holds, by kind, and the largest tensors behind the sums. model: what the
+    training loop calls (DeepSpeed's engine, DDP, the fully_shard model); optimizer: what it steps;
+    adam: the torch Adam inside that owns the state. Each storage counts once (views of a flat
+    buffer share one)."""
     def key(t):
         return t.untyped_storage().data_ptr() if t.numel() else None
 
@@ -79,10 +83,11 @@ def census(model, optimizer, adam):
                 params[key(t)] = nbytes(t)
     for s in adam.state.values():
         for t in s.values():
-            if hasattr(t, "numel") and local(t).numel() > 1:  # Adam's exp_avg, exp_avg_sq (not the step count)
+            # Adam's exp_avg and exp_avg_sq (not the step count)
+            if hasattr(t, "numel") and local(t).numel() > 1:
                 state[key(local(t))] = nbytes(local(t))
-    # The optimizer's own fp32 copy of its partition: DeepSpeed's ZeRO keeps one even when the model is fp32
-    # (stage 3 detaches it from the optimizer's param groups between steps, so name both places).
+    # The optimizer's own fp32 copy of its partition: DeepSpeed's ZeRO keeps one even when the model
+    # is fp32 (stage 3 detaches it from the optimizer's param groups between steps: look in both).
     masters = [p for g in adam.param_groups for p in g["params"]]
     for name in ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat"):
         masters += list(getattr(optimizer, name, None) or [])
@@ -92,7 +97,8 @@ def census(model, optimizer, adam):
     found = []
     walk({"model": model, "optimizer": optimizer}, "", found, set())
     out = dict.fromkeys(KINDS, 0)
-    out["largest"] = []  # (kind, where it was reached, MB): what the sums are made of (report.py --explain)
+    # (kind, where it was reached, MB): what the sums are made of (report.py --explain)
+    out["largest"] = []
     counted = set()
     for path, t in found:
         k = key(t)
@@ -121,8 +127,9 @@ def rss_bytes():
 
 
 def reset_peak_rss():
-    """Restart the kernel's peak-RSS counter (VmHWM), so the peak covers training, not building the model
-    (every rank first builds the full model; ZeRO-3 and FSDP partition it afterwards). False if not allowed."""
+    """Restart the kernel's peak-RSS counter (VmHWM), so the peak covers training, not building the
+    model (every rank first builds the full model; ZeRO-3 and FSDP partition it afterwards). False
+    if not allowed."""
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
@@ -149,9 +156,10 @@ def describe(result):
     head = ["rank"] + [NAMES[k] for k in KINDS] + ["sum", "peak RSS"]
     rows = [head]
     for r in result["per_rank"]:
-        rows.append([str(r["rank"])] + [mb(r[k]) + (f" ({mb(f[k])})" if k in f else "") for k in KINDS]
-                    + [f"{mb(sum(r[k] for k in KINDS))} ({mb(sum(f.values()))})", mb(r["peak_rss"])])
+        cells = [mb(r[k]) + (f" ({mb(f[k])})" if k in f else "") for k in KINDS]
+        total = f"{mb(sum(r[k] for k in KINDS))} ({mb(sum(f.values()))})"
+        rows.append([str(r["rank"])] + cells + [total, mb(r["peak_rss"])])
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in rows]
-    return (f"MB held by each rank before the last optimizer step (ZeRO formula for stage {result['stage']} "
-            "in parentheses):\n" + "\n".join(lines))
+    return (f"MB held by each rank before the last optimizer step "
+            f"(ZeRO formula for stage {result['stage']} in parentheses):\n" + "\n".join(lines))

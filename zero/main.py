@@ -1,14 +1,15 @@
 #!/usr/bin/env python
-"""ZeRO on MNIST: one wide MLP trained for a few Adam steps by plain data parallelism, by DeepSpeed's ZeRO
-stages 1-3 (with or without CPU offload) and by PyTorch's own ZeroRedundancyOptimizer and FSDP2 fully_shard,
-and what each rank then holds, counted in bytes (zero/census.py).
+"""ZeRO on MNIST: one wide MLP trained for a few Adam steps by plain data parallelism, by
+DeepSpeed's ZeRO stages 1-3 (with or without CPU offload) and by PyTorch's own
+ZeroRedundancyOptimizer and FSDP2 fully_shard, and what each rank then holds, counted in bytes
+(zero/census.py).
 
     torchrun --nproc_per_node 2 zero/main.py --variant ds3     # one variant on 2 ranks
     python zero/main.py --variant torch-fsdp2                  # one process (a group of one)
-    python zero/report.py --ranks 2 4                          # every variant, launched one after another
+    python zero/report.py --ranks 2 4                          # every variant, one after another
 
-The numbered comments [1]-[8] are the course's recipe: the same number marks the same step in every lesson
-(README.md, "The recipe"); zero/README.md explains each line here, and why [4] is missing.
+The numbered comments [1]-[8] are the course's recipe: the same number marks the same step in every
+lesson (README.md, "The recipe"); zero/README.md explains each line here, and why [4] is missing.
 """
 import argparse
 import gc
@@ -20,12 +21,13 @@ from itertools import islice
 from pathlib import Path
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # the repo root *after* site-packages
+import utils
+
 # Before the frameworks: a missing one is then one line that says how to get it, and the libraries'
 # lines that teach nothing are filtered (utils/quiet.py names each; COURSE_VERBOSE=1 shows them).
-import utils  # noqa: E402
 utils.course_output()
 
-import deepspeed  # noqa: E402  (the installed library: the repo root is last on sys.path)
+import deepspeed  # the installed library: the repo root is last on sys.path
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -36,10 +38,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-from utils import data, log  # noqa: E402
-from utils import dist as course  # noqa: E402  (which variables each launcher sets)
-from utils.parse_args import Parser, check_paths, non_negative_int, positive_float, positive_int  # noqa: E402
-from zero import census  # noqa: E402
+from utils import data, log
+from utils import dist as course  # which variables each launcher sets
+from utils.parse_args import Parser, check_paths, non_negative_int, positive_float, positive_int
+from zero import census
 
 VARIANTS = {  # name: (label, ZeRO stage, optimizer state and step on the CPU)
     "ds0": ("DeepSpeed stage 0 (plain data parallel)", 0, False),
@@ -55,18 +57,23 @@ VARIANTS = {  # name: (label, ZeRO stage, optimizer state and step on the CPU)
 
 def model_flags(p):
     """The flags that decide what is trained; zero/report.py takes the same and passes them on."""
-    p.add_argument("--hidden", type=positive_int, default=2560, help="width of the MLP's hidden layers")
-    p.add_argument("--layers", type=non_negative_int, default=4, help="hidden-to-hidden layers (hidden^2 each)")
-    p.add_argument("--steps", type=positive_int, default=3, help="Adam steps (>= 2: its state exists after the first)")
+    p.add_argument("--hidden", type=positive_int, default=2560,
+                   help="width of the MLP's hidden layers")
+    p.add_argument("--layers", type=non_negative_int, default=4,
+                   help="hidden-to-hidden layers (hidden^2 each)")
+    p.add_argument("--steps", type=positive_int, default=3,
+                   help="Adam steps (>= 2: its state exists after the first)")
     p.add_argument("--batch-size", type=positive_int, default=32, help="digits per rank and step")
     p.add_argument("--lr", type=positive_float, default=1e-3, help="Adam's learning rate")
     p.add_argument("--seed", type=non_negative_int, default=0)
-    p.add_argument("--dist-timeout", type=positive_int, default=300, help="seconds before a collective gives up")
+    p.add_argument("--dist-timeout", type=positive_int, default=300,
+                   help="seconds before a collective gives up")
     return p
 
 
 def check(p, args):
-    """Bad input: one `error:` line and exit 2 (argparse's), on every rank, before any process group exists."""
+    """Bad input: one `error:` line and exit 2 (argparse's), on every rank, before any process group
+    exists."""
     if args.steps < 2:
         p.error("--steps must be at least 2 (Adam's state exists only after the first step)")
     if args.hidden < 16:
@@ -92,34 +99,37 @@ def main():
     label, stage, offload = VARIANTS[args.variant]
     deepspeed_run = args.variant.startswith("ds")
 
-    # [1] Who am I? The launcher's variables give rank, local rank and world size (table in utils/dist.py).
+    # [1] Who am I? The launcher's variables give rank, local rank and world size (utils/dist.py).
     env = course.export_rendezvous(course.discover())  # + MASTER_ADDR/PORT, where the ranks meet
-    if not env.distributed:  # DeepSpeed, ZeroRedundancyOptimizer and fully_shard need a group even of one
+    if not env.distributed:  # DeepSpeed, ZeroRedundancyOptimizer and fully_shard need a group
         os.environ["MASTER_PORT"] = str(course.free_port())
     log.configure(env.rank)
     rank, n = env.rank, env.world_size
-    if args.steps * args.batch_size * n > data.SHIPPED_TRAIN:  # bad input too (every rank knows n by now)
-        log.fail(f"--steps {args.steps} x --batch-size {args.batch_size} x {n} ranks needs more than the "
-                 f"{data.SHIPPED_TRAIN:,} training digits")
-    # [2] Pin this rank: on GPUs cuda:LOCAL_RANK. This lesson counts host memory, so it stays on the CPU, and
-    #     each rank takes its share of the cores.
+    if args.steps * args.batch_size * n > data.SHIPPED_TRAIN:  # bad input too (n is known by now)
+        log.fail(f"--steps {args.steps} x --batch-size {args.batch_size} x {n} ranks needs more "
+                 f"than the {data.SHIPPED_TRAIN:,} training digits")
+    # [2] Pin this rank: on GPUs cuda:LOCAL_RANK. This lesson counts host memory, so it stays on the
+    #     CPU, and each rank takes its share of the cores.
     torch.set_num_threads(course.threads_per_rank(None, env.local_world_size))
-    # [1] Start the process group (gloo between CPUs); DeepSpeed's own call adds its communication layer.
+    # [1] Start the process group (gloo between CPUs); DeepSpeed's own call adds its
+    #     communication layer.
     timeout = timedelta(seconds=args.dist_timeout)
     course.group_timeout(timeout)  # also for the groups DeepSpeed makes itself
     if deepspeed_run:
         course.default_extensions_dir()  # where the JIT-built cpu_adam op (offload) is cached
-        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # an inference-only op: skip its JIT build
+        # deepspeed_shm_comm serves inference only: skip its JIT build
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
         deepspeed.init_distributed("gloo", auto_mpi_discovery=False, verbose=False, timeout=timeout)
     else:
         dist.init_process_group("gloo", timeout=timeout)
 
-    # [3] Shard by *global* rank: every rank draws the same shuffle (seeded) and takes its own 1/n of it.
+    # [3] Shard by *global* rank: every rank draws the same shuffle (seeded), takes its own 1/n.
     mnist = data.load_shipped()
     train_set = TensorDataset(torch.from_numpy(data.normalized(mnist.x_train).reshape(-1, 784)),
                               torch.from_numpy(mnist.y_train))
     loader = DataLoader(train_set, batch_size=args.batch_size, drop_last=True,
-                        sampler=DistributedSampler(train_set, num_replicas=n, rank=rank, seed=args.seed))
+                        sampler=DistributedSampler(train_set, num_replicas=n, rank=rank,
+                                                   seed=args.seed))
     batches = list(islice(loader, args.steps))
     gc.collect()
     base_rss = census.rss_bytes()
@@ -127,42 +137,55 @@ def main():
     torch.manual_seed(args.seed)  # the same initial weights on every rank ...
     model = mlp(args.hidden, args.layers)
     psi = sum(p.numel() for p in model.parameters())
-    log.info(f"{args.variant}: {label} on {n} rank(s) via {env.launcher}; MLP 784-{args.hidden}x{args.layers + 1}"
-             f"-10, {psi:,} parameters; {args.steps} Adam steps of {args.batch_size} digits per rank")
+    log.info(f"{args.variant}: {label} on {n} rank(s) via {env.launcher}; "
+             f"MLP 784-{args.hidden}x{args.layers + 1}-10, {psi:,} parameters; "
+             f"{args.steps} Adam steps of {args.batch_size} digits per rank")
 
     # [5] wrap the model and the optimizer; each starts from rank 0's weights.
     if deepspeed_run:
-        zero = {"stage": stage,  # 0: nothing partitioned; 1: Adam's state; 2: + gradients; 3: + parameters
-                "contiguous_gradients": True, "overlap_comm": False,
-                # gradient and gather buckets of 2M elements (8 MB); DeepSpeed's 500M default would be 2 GB here
+        # stage 0: nothing partitioned; 1: Adam's state; 2: + gradients; 3: + parameters
+        zero = {"stage": stage, "contiguous_gradients": True, "overlap_comm": False,
+                # gradient and gather buckets of 2M elements (8 MB); DeepSpeed's 500M default
+                # would be 2 GB here
                 "reduce_bucket_size": 2_000_000, "allgather_bucket_size": 2_000_000}
         if stage == 3:  # gather 2M elements ahead; partition every parameter, even the small biases
             zero.update(stage3_prefetch_bucket_size=2_000_000, stage3_param_persistence_threshold=0)
-        if offload:  # ZeRO-Offload: Adam's state, the fp32 copy and the step on the CPU (DeepSpeedCPUAdam)
+        if offload:  # ZeRO-Offload: Adam's state, fp32 copy and step on the CPU (DeepSpeedCPUAdam)
             zero["offload_optimizer"] = {"device": "cpu", "pin_memory": False}
-        adam_params = {"lr": args.lr, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0, "adam_w_mode": False}
+        adam_params = {"lr": args.lr, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0,
+                       "adam_w_mode": False}
         if not offload:
-            adam_params["torch_adam"] = True  # torch.optim.Adam inside: no JIT build of FusedAdam on a CPU
-        config = {"train_micro_batch_size_per_gpu": args.batch_size, "gradient_accumulation_steps": 1,
+            adam_params["torch_adam"] = True  # torch.optim.Adam inside: no FusedAdam build on a CPU
+        config = {"train_micro_batch_size_per_gpu": args.batch_size,
+                  "gradient_accumulation_steps": 1,
                   "optimizer": {"type": "Adam", "params": adam_params}, "zero_optimization": zero,
-                  "gradient_clipping": 0.0,  # DeepSpeed 0.19.8 clips to norm 1.0 unless told; PyTorch's runs don't
+                  # DeepSpeed 0.19.8 clips to norm 1.0 unless told; PyTorch's runs don't clip
+                  "gradient_clipping": 0.0,
                   "steps_per_print": 1_000_000}
-        # [5] ... the engine broadcasts rank 0's weights, then (stage >= 1) builds the partitioned optimizer
-        model, optimizer, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
-        adam = getattr(model, "basic_optimizer", None) or optimizer  # the torch Adam that holds the state
+        # [5] ... the engine broadcasts rank 0's weights, then (stage >= 1) builds the partitioned
+        #     optimizer
+        model, optimizer, _, _ = deepspeed.initialize(model=model,
+                                                      model_parameters=model.parameters(),
+                                                      config=config)
+        adam = getattr(model, "basic_optimizer", None) or optimizer  # the Adam that holds the state
     elif args.variant == "torch-zero1":
         model = DDP(model, gradient_as_bucket_view=True)  # [5] ... DDP broadcasts rank 0's weights
-        # ZeRO-1: each rank's Adam owns whole parameters, about 1/N of them, and keeps state only for those
-        optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam, lr=args.lr)
+        # ZeRO-1: each rank's Adam owns whole parameters, about 1/N of them, and keeps state only
+        # for those
+        optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam,
+                                            lr=args.lr)
         adam = optimizer.optim
     else:  # torch-fsdp2
-        for param in model.parameters():  # [5] ... fully_shard does not broadcast: send rank 0's weights first
+        # [5] ... fully_shard does not broadcast: send rank 0's weights first
+        for param in model.parameters():
             dist.broadcast(param.detach(), src=0)
-        for layer in model:  # ZeRO-3: every Linear a unit of its own, gathered whole only for its forward/backward
+        # ZeRO-3: every Linear a unit of its own, gathered whole only for its forward and backward
+        for layer in model:
             if isinstance(layer, nn.Linear):
                 fully_shard(layer)
         fully_shard(model)  # the parameters are DTensors now, each rank holding 1/N of every one
-        optimizer = adam = torch.optim.Adam(model.parameters(), lr=args.lr)  # state for this rank's shards only
+        # Adam's state: for this rank's shards only
+        optimizer = adam = torch.optim.Adam(model.parameters(), lr=args.lr)
     gc.collect()
     setup_rss, peak_reset = census.rss_bytes(), census.reset_peak_rss()
 
@@ -170,22 +193,24 @@ def main():
     for step, (x, y) in enumerate(batches, 1):
         loss = F.nll_loss(model(x), y)  # ZeRO-3/fully_shard: each layer all-gathered, used, freed
         if deepspeed_run:
-            # [6] the engine averages the gradients here: stage 0 all-reduces them; stages 1-3 reduce them
-            #     bucket by bucket and each rank keeps only the averaged slice it updates (offload: on the CPU)
+            # [6] the engine averages the gradients here: stage 0 all-reduces them; stages 1-3
+            #     reduce them bucket by bucket and each rank keeps only the averaged slice it
+            #     updates (offload: on the CPU)
             model.backward(loss)
         else:
-            # [6] averaged in backward: DDP all-reduces its buckets (torch-zero1), fully_shard reduce-scatters
-            #     each layer's gradient into this rank's shard
+            # [6] averaged in backward: DDP all-reduces its buckets (torch-zero1), fully_shard
+            #     reduce-scatters each layer's gradient into this rank's shard
             loss.backward()
-        if step == len(batches):  # gradients held now, and Adam's state since step 1: count this rank's bytes
+        # Gradients held now, and Adam's state since step 1: count this rank's bytes.
+        if step == len(batches):
             gc.collect()
             held = census.census(model, optimizer, adam)
         if deepspeed_run:
-            # stage 0: every rank updates every weight; 1-2: each its slice, then an all-gather refills every
-            # full copy; 3: each rank updates and keeps only its slice
+            # stage 0: every rank updates every weight; 1-2: each its slice, then an all-gather
+            # refills every full copy; 3: each rank updates and keeps only its slice
             model.step()
         else:
-            optimizer.step()  # ZeroRedundancyOptimizer: each rank its share, then broadcasts the new values
+            optimizer.step()  # ZeroRedundancyOptimizer: each rank its share, then broadcasts it
             optimizer.zero_grad(set_to_none=True)
         total = loss.detach().clone()
         dist.all_reduce(total)  # [7] the loss summed over ranks: every rank knows the global mean
@@ -196,11 +221,12 @@ def main():
     held.update(rank=rank, peak_rss=census.peak_rss_bytes(), base_rss=base_rss, setup_rss=setup_rss,
                 peak_is_training_only=peak_reset)
     result = dict(variant=args.variant, label=label, stage=stage, offload=offload, ranks=n, psi=psi,
-                  hidden=args.hidden, layers=args.layers, batch_size=args.batch_size, steps=args.steps,
+                  hidden=args.hidden, layers=args.layers, batch_size=args.batch_size,
+                  steps=args.steps,
                   losses=losses, train_time_s=elapsed, per_rank=course.gather_object(held),
                   formula=census.formula(stage, psi, n))
     log.info(census.describe(result))
-    if rank == 0 and args.json:  # [8] one writer: rank 0 writes the file (atomically), the others only send
+    if rank == 0 and args.json:  # [8] one writer: rank 0 writes the file (atomically)
         log.write_json(args.json, result)
     dist.barrier()
     dist.destroy_process_group()
@@ -208,9 +234,10 @@ def main():
 
 if __name__ == "__main__":
     log.run_main(main)
-    # Done, result written. Leave without the interpreter's finalization: FSDP2's device mesh keeps a reference
-    # to the process group, so gloo's threads can outlive destroy_process_group and be torn down with the
-    # interpreter, which aborted one rank once in CI ("terminate called without an active exception").
+    # Done, result written. Leave without the interpreter's finalization: FSDP2's device mesh keeps
+    # a reference to the process group, so gloo's threads can outlive destroy_process_group and be
+    # torn down with the interpreter, which can abort a rank after a finished run ("terminate called
+    # without an active exception").
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

@@ -1,14 +1,15 @@
 #!/usr/bin/env python
-"""Every variant of zero/main.py, one torchrun launch each (so each has its own peak memory), and the bytes
-each rank holds next to the ZeRO paper's formula, as markdown tables.
+"""Every variant of zero/main.py, one torchrun launch each (so each has its own peak memory), and
+the bytes each rank holds next to the ZeRO paper's formula, as markdown tables.
 
-    python zero/report.py --ranks 2                      # every variant on 2 ranks (a few minutes on 2 cores)
-    python zero/report.py --ranks 2 4 --json zero.json   # ... on 2 and on 4 ranks; all results also as JSON
-    python zero/report.py --variants ds2 ds3 --explain   # and the largest tensors behind rank 0's sums
+    python zero/report.py --ranks 2                      # every variant on 2 ranks (minutes)
+    python zero/report.py --ranks 2 4 --json zero.json   # ... on 2 and 4 ranks; also as JSON
+    python zero/report.py --variants ds2 ds3 --explain   # + the largest tensors behind the sums
 
-Each launch runs `zero/main.py --variant V` with the model flags given here, one thread per rank and glibc's
-mmap threshold fixed at 1 MB: every freed large tensor then goes back to the OS at once, so RSS follows the
-tensors (glibc's default threshold adapts upwards and keeps freed buffers in the heap, inflating RSS).
+Each launch runs `zero/main.py --variant V` with the model flags given here, one thread per rank
+and glibc's mmap threshold fixed at 1 MB: every freed large tensor then goes back to the OS at once,
+so RSS follows the tensors (glibc's default threshold adapts upwards and keeps freed buffers in the
+heap, inflating RSS).
 """
 import argparse
 import json
@@ -20,26 +21,29 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.append(str(Path(__file__).resolve().parents[1]))  # after site-packages: zero/ shadows nothing
-from utils.tools.launch import launch_command  # noqa: E402
-from utils.log import fail, run_main  # noqa: E402
-from zero.census import KINDS, NAMES, mb  # noqa: E402
-from zero.main import VARIANTS, check, model_flags  # noqa: E402
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # the repo root, after site-packages
+from utils.log import fail, run_main
+from utils.tools.launch import launch_command
+from zero.census import KINDS, NAMES, mb
+from zero.main import VARIANTS, check, model_flags
 
 MODEL_FLAGS = ("hidden", "layers", "steps", "batch_size", "lr", "seed", "dist_timeout")
 
 
 def launch(variant, n, args, out):
-    """One torchrun launch of zero/main.py; its result (rank 0's JSON) with the launch's wall time."""
+    """One torchrun launch of zero/main.py; its result (rank 0's JSON) with the launch's wall
+    time."""
     flags = ["--variant", variant, "--json", out]
     for name in MODEL_FLAGS:
         flags += [f"--{name.replace('_', '-')}", getattr(args, name)]
     cmd = launch_command("zero", n, "torchrun", flags)
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", MALLOC_MMAP_THRESHOLD_="1048576",
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+               MALLOC_MMAP_THRESHOLD_="1048576",
                PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}")
     start = time.perf_counter()
+    # Its own process group: a timeout ends torchrun and the ranks.
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)  # its own process group: a timeout ends torchrun and the ranks
+                            start_new_session=True)
     try:
         stdout, stderr = proc.communicate(timeout=args.timeout)
     except subprocess.TimeoutExpired:
@@ -57,22 +61,25 @@ def launch(variant, n, args, out):
 def cell(values, formula=None):
     """Mean over ranks, [min-max] when the ranks differ, (the formula) when there is one."""
     mean = sum(values) / len(values)
-    text = mb(mean) if mb(min(values)) == mb(max(values)) else f"{mb(mean)} [{mb(min(values))}-{mb(max(values))}]"
+    low, high = mb(min(values)), mb(max(values))
+    text = mb(mean) if low == high else f"{mb(mean)} [{low}-{high}]"
     return text if formula is None else f"{text} ({mb(formula)})"
 
 
 def table(results, n):
     rows = [r for r in results if r["ranks"] == n]
     psi = rows[0]["psi"]
-    lines = [f"N = {n} ranks, Ψ = {psi:,} parameters (fp32: 4Ψ = {mb(4 * psi)} MB). MB per rank: the mean over "
-             "ranks [min-max when they differ], the ZeRO formula in parentheses; sum and RSS: the largest rank.", "",
+    lines = [f"N = {n} ranks, Ψ = {psi:,} parameters (fp32: 4Ψ = {mb(4 * psi)} MB). "
+             "MB per rank: the mean over ranks [min-max when they differ], the ZeRO formula in "
+             "parentheses; sum and RSS: the largest rank.", "",
              "| variant | " + " | ".join(NAMES[k] for k in KINDS) + " | sum | peak RSS in training "
              "| peak RSS - RSS before the model |",
              "|---" * (len(KINDS) + 4) + "|"]
     for r in rows:
         per_rank, formula = r["per_rank"], r["formula"]
         cells = [cell([pr[k] for pr in per_rank], formula.get(k)) for k in KINDS]
-        cells.append(f"{mb(max(sum(pr[k] for k in KINDS) for pr in per_rank))} ({mb(sum(formula.values()))})")
+        largest = max(sum(pr[k] for k in KINDS) for pr in per_rank)
+        cells.append(f"{mb(largest)} ({mb(sum(formula.values()))})")
         cells.append(mb(max(pr["peak_rss"] for pr in per_rank)))
         cells.append(mb(max(pr["peak_rss"] - pr["base_rss"] for pr in per_rank)))
         lines.append(f"| {r['label']} | " + " | ".join(cells) + " |")
@@ -82,22 +89,25 @@ def table(results, n):
 def loss_table(results, n):
     rows = [r for r in results if r["ranks"] == n]
     ref = next((r for r in rows if r["variant"] == "ds0"), rows[0])
-    lines = [f"| variant (N = {n}) | losses of steps 1..{len(ref['losses'])} | max abs diff to {ref['variant']} |",
-             "|---|---|---|"]
+    lines = [f"| variant (N = {n}) | losses of steps 1..{len(ref['losses'])} "
+             f"| max abs diff to {ref['variant']} |", "|---|---|---|"]
     for r in rows:
         diff = max(abs(a - b) for a, b in zip(r["losses"], ref["losses"]))
-        lines.append(f"| {r['variant']} | {' '.join(f'{v:.6f}' for v in r['losses'])} | {diff:.1e} |")
+        losses = " ".join(f"{v:.6f}" for v in r["losses"])
+        lines.append(f"| {r['variant']} | {losses} | {diff:.1e} |")
     return "\n".join(lines)
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ranks", type=int, nargs="+", default=[2], help="world sizes to measure")
     p.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
     model_flags(p.add_argument_group("what is trained (zero/main.py's flags)"))
     p.add_argument("--timeout", type=int, default=600, help="seconds per launch")
     p.add_argument("--json", help="also write all results to this file")
-    p.add_argument("--explain", action="store_true", help="list the largest tensors of rank 0 behind each sum")
+    p.add_argument("--explain", action="store_true",
+                   help="list the largest tensors of rank 0 behind each sum")
     args = p.parse_args()
     check(p, args)
     if min(args.ranks) < 1 or args.timeout < 1:
@@ -108,8 +118,8 @@ def main():
         for n in args.ranks:
             for v in args.variants:
                 r = launch(v, n, args, Path(tmp) / f"{v}-{n}.json")
-                print(f"{v:<12} N={n}: {r['launch_s']:.0f} s, losses {' '.join(f'{x:.6f}' for x in r['losses'])}",
-                      flush=True)
+                losses = " ".join(f"{x:.6f}" for x in r["losses"])
+                print(f"{v:<12} N={n}: {r['launch_s']:.0f} s, losses {losses}", flush=True)
                 if args.explain:
                     for kind, where, size in r["per_rank"][0]["largest"]:
                         print(f"    rank 0 {kind:<7} {size:>9.2f} MB  {where}")

@@ -1,11 +1,12 @@
 #!/usr/bin/env python
 """MNIST with Horovod and PyTorch.
 
-    python horovod/pytorch/main.py                                   one process
-    horovodrun -np 2 --gloo python horovod/pytorch/main.py           two ranks (also: mpiexec -n 2 python ...)
+    python horovod/pytorch/main.py                              one process
+    horovodrun -np 2 --gloo python horovod/pytorch/main.py      two ranks
+    mpiexec -n 2 python horovod/pytorch/main.py                 two ranks, Horovod over MPI
 
-The numbered comments [1]-[8] are the course's recipe: the same number marks the same step in every lesson
-(README.md, "The recipe"); horovod/pytorch/README.md explains each line.
+The numbered comments [1]-[8] are the course's recipe: the same number marks the same step in every
+lesson (README.md, "The recipe"); horovod/pytorch/README.md explains each line.
 """
 import sys
 import time
@@ -13,9 +14,10 @@ from itertools import islice
 from pathlib import Path
 
 sys.path.append(str(Path(__file__).resolve().parents[2]))  # the repo root *after* site-packages
+import utils
+
 # Before the frameworks: a missing one is then one line that says how to get it, and the libraries'
 # lines that teach nothing are filtered (utils/quiet.py names each; COURSE_VERBOSE=1 shows them).
-import utils  # noqa: E402
 utils.course_output()
 
 import horovod.torch as hvd
@@ -24,25 +26,44 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-from utils import data, log  # noqa: E402
-from utils import dist as course  # noqa: E402  (which variables each launcher sets; Horovod's CPU knobs)
-from utils.parse_args import (clip_flag, finished_already, get_parser, parse, positive_float,  # noqa: E402
-                              positive_int, resuming)
-from utils.schedule import lr_at, scaled_lr  # noqa: E402
-from utils.torch_utils import (Net, load_checkpoint, param_checksum, restore, save_checkpoint,  # noqa: E402
-                               seed_epoch, steps_per_epoch, to_tensors)
+from utils import data, log
+from utils import dist as course  # which variables each launcher sets; Horovod's CPU knobs
+from utils.parse_args import (
+    clip_flag,
+    finished_already,
+    get_parser,
+    parse,
+    positive_float,
+    positive_int,
+    resuming,
+)
+from utils.schedule import lr_at, scaled_lr
+from utils.torch_utils import (
+    Net,
+    load_checkpoint,
+    param_checksum,
+    restore,
+    save_checkpoint,
+    seed_epoch,
+    steps_per_epoch,
+    to_tensors,
+)
 
 FRAMEWORK = "horovod-pytorch"
 
 
 def horovod_flags(parser):
     g = parser.add_argument_group("horovod")
-    g.add_argument("--fp16-allreduce", action="store_true", help="compress gradients to fp16 for the all-reduce")
-    g.add_argument("--use-adasum", action="store_true", help="combine gradients with Adasum instead of averaging")
+    g.add_argument("--fp16-allreduce", action="store_true",
+                   help="compress gradients to fp16 for the all-reduce")
+    g.add_argument("--use-adasum", action="store_true",
+                   help="combine gradients with Adasum instead of averaging")
     g.add_argument("--gradient-predivide-factor", type=positive_float, default=1.0,
-                   help="divide gradients by this before the sum and by size/factor after (numerics of big worlds)")
+                   help="divide gradients by this before the sum and by size/factor after "
+                        "(numerics of big worlds)")
     g.add_argument("--backward-passes-per-step", dest="grad_accum", type=positive_int,
-                   help="Horovod's name for --grad-accum: local backward passes before each all-reduce")
+                   help="Horovod's name for --grad-accum: local backward passes before each "
+                        "all-reduce")
     return parser
 
 
@@ -51,15 +72,17 @@ def train_epoch(model, optimizer, loaders, epoch, lr_of, env, args):
     loss_sum, correct, seen = 0.0, 0, 0
     steps = steps_per_epoch(loaders, args.max_steps)
     progress = log.Progress(env.is_main, steps, epoch, args.log_interval)
-    for step, micro_batches in enumerate(islice(zip(*loaders), steps)):  # one micro-batch unless --grad-accum
+    # One micro-batch per step, or --grad-accum of them: one from each loader.
+    for step, micro_batches in enumerate(islice(zip(*loaders), steps)):
         for group in optimizer.param_groups:
             group["lr"] = lr_of(step / steps)
         optimizer.zero_grad()
         for x, y in micro_batches:
             output = model(x)
             loss = F.nll_loss(output, y)
-            # [6] gradients averaged: each one's all-reduce starts on Horovod's background thread as soon as
-            #     backward has produced it (with --grad-accum, after the step's last backward pass).
+            # [6] gradients averaged: each one's all-reduce starts on Horovod's background thread as
+            #     soon as backward has produced it (with --grad-accum, after the step's last
+            #     backward pass).
             (loss / len(micro_batches)).backward()
             loss_sum += loss.item() * len(y)
             correct += (output.argmax(1) == y).sum().item()
@@ -70,7 +93,7 @@ def train_epoch(model, optimizer, loaders, epoch, lr_of, env, args):
             with optimizer.skip_synchronize():
                 optimizer.step()
         else:
-            optimizer.step()  # [6] waits for the averaged gradients, then the same update on every rank
+            optimizer.step()  # [6] waits for the averaged gradients: the same update everywhere
         progress.update(step + 1, loss.item())
     progress.close()
     return [loss_sum, correct, seen]
@@ -99,50 +122,57 @@ def main():
                                  dist_timeout=args.dist_timeout)
     # [1] Start Horovod: rank, local rank and size come from horovodrun or the MPI launcher.
     hvd.init()
-    env = course.DistEnv(hvd.rank(), hvd.local_rank(), hvd.size(), hvd.local_size(), course.discover().launcher,
-                         backend="horovod-" + ("mpi" if hvd.mpi_enabled() else "gloo"))
     # [2] Pin this rank to one device: GPU number = local rank. On CPUs: its share of the cores.
-    env.device = course.pick_device(args.device, hvd.local_rank())
-    if env.device.startswith("xpu"):  # Horovod has no Intel GPU support (Aurora dropped it in 2026)
-        log.fail(f"Horovod cannot train on {env.device}: on Intel GPUs (Aurora) use DDP/main.py (xccl)")
-    if env.device.startswith("cuda"):
-        torch.cuda.set_device(env.device)
-    env.num_threads = course.threads_per_rank(args.num_threads, hvd.local_size())
-    torch.set_num_threads(env.num_threads)
+    device = course.pick_device(args.device, hvd.local_rank())
+    if device.startswith("xpu"):  # no Intel GPU support in Horovod (nor on Aurora)
+        log.fail(f"Horovod cannot train on {device}: on Intel GPUs (Aurora) use DDP/main.py (xccl)")
+    if device.startswith("cuda"):
+        torch.cuda.set_device(device)
+    num_threads = course.threads_per_rank(args.num_threads, hvd.local_size())
+    torch.set_num_threads(num_threads)
+    controller = "horovod-" + ("mpi" if hvd.mpi_enabled() else "gloo")
+    env = course.DistEnv(hvd.rank(), hvd.local_rank(), hvd.size(), hvd.local_size(),
+                         course.discover().launcher, device=device, backend=controller,
+                         num_threads=num_threads)
     log.configure(env.rank, env.local_rank, args.log_all_ranks)
     if args.use_adasum and not hvd.mpi_enabled():
-        raise log.UserError("--use-adasum needs the MPI controller (mpiexec, horovodrun --mpi): gloo has no Adasum")
-    log_dir = args.log_dir or hvd.broadcast_object(log.default_log_dir("horovod-pytorch"), root_rank=0)
+        raise log.UserError("--use-adasum needs the MPI controller (mpiexec, horovodrun --mpi): "
+                            "gloo has no Adasum")
+    log_dir = args.log_dir or hvd.broadcast_object(log.default_log_dir("horovod-pytorch"),
+                                                   root_rank=0)
     run = log.RunLog(log_dir, env.is_main)
     log.info(f"{FRAMEWORK}: {env.world_size} rank(s) via {env.launcher}, device {env.device}, "
              f"{env.backend} controller, {env.num_threads} thread(s) per rank, "
              f"HOROVOD_CYCLE_TIME {knobs['HOROVOD_CYCLE_TIME']}")
 
-    # --- data: every rank holds the whole (small) set in memory and trains on its own shard -------------
+    # --- data: every rank holds the whole (small) set in memory and trains on its own shard -------
     mnist = data.load_mnist(args.data_dir, args.download, env.is_main, barrier=hvd.barrier)
     log.info(mnist.describe())
     x_train, y_train, x_test, y_test = to_tensors(mnist, env.device)
     train_set, test_set = TensorDataset(x_train, y_train), TensorDataset(x_test, y_test)
-    # [3] Shard by *global* rank (hvd.rank(), not hvd.local_rank(): that repeats on every node). Each rank
-    #     draws its own 1/size of every shuffled epoch. --grad-accum A: a rank plays A ranks.
+    # [3] Shard by *global* rank (hvd.rank(), not hvd.local_rank(): that repeats on every node).
+    #     Each rank draws its own 1/size of every shuffled epoch. --grad-accum A: a rank plays A
+    #     ranks.
     A = args.grad_accum
     if A > 1:
-        log.info(f"--grad-accum {A}: each step averages {A} micro-batches per rank: an emulated world of {hvd.size() * A}")
+        log.info(f"--grad-accum {A}: each step averages {A} micro-batches per rank: "
+                 f"an emulated world of {hvd.size() * A}")
     loaders = [DataLoader(train_set, batch_size=args.batch_size, drop_last=True,
                           sampler=DistributedSampler(train_set, num_replicas=hvd.size() * A,
-                                                     rank=hvd.rank() * A + k, shuffle=True, seed=args.seed,
-                                                     drop_last=True))
+                                                     rank=hvd.rank() * A + k, shuffle=True,
+                                                     seed=args.seed, drop_last=True))
                for k in range(A)]
     test_loader = DataLoader(test_set, batch_size=args.test_batch_size, sampler=DistributedSampler(
         test_set, num_replicas=hvd.size(), rank=hvd.rank(), shuffle=False))
 
-    # --- model and optimizer -----------------------------------------------------------------------------
+    # --- model and optimizer ----------------------------------------------------------------------
     torch.manual_seed(args.seed)
     model = Net(args.dropout).to(env.device)
     # [4] Scale the LR with the global batch (Adasum adapts to the gradients instead: no scaling).
     lr = scaled_lr(args.lr, hvd.size() * A, not (args.no_lr_scaling or args.use_adasum))
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum)
-    # [5] Wrap the optimizer: it all-reduces the gradients (optionally fp16-compressed, or with Adasum).
+    # [5] Wrap the optimizer: it all-reduces the gradients (optionally fp16-compressed, or with
+    #     Adasum).
     optimizer = hvd.DistributedOptimizer(
         optimizer, named_parameters=model.named_parameters(),
         compression=hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none,
@@ -150,39 +180,42 @@ def main():
         gradient_predivide_factor=args.gradient_predivide_factor, backward_passes_per_step=A)
     checkpoint = Path(args.checkpoint_dir or Path(log_dir) / "checkpoints") / "checkpoint.pt"
     first_epoch = 1
-    if resuming(args) and env.is_main:  # [8] rank 0 reads the checkpoint; [5]'s broadcast hands it to everyone
-        first_epoch = restore(model, optimizer, load_checkpoint(checkpoint, env.device), checkpoint) + 1
+    if resuming(args) and env.is_main:  # [8] rank 0 reads the checkpoint; [5] hands it to every rank
+        state = load_checkpoint(checkpoint, env.device)
+        first_epoch = restore(model, optimizer, state, checkpoint) + 1
         log.info(f"resumed from {checkpoint}: continuing at epoch {first_epoch}")
     first_epoch = hvd.broadcast_object(first_epoch, root_rank=0)
     run.keep_epochs_before(first_epoch)
-    # [5] Start every rank from rank 0's weights and optimizer state (its random init, or the checkpoint).
+    # [5] Start every rank from rank 0's weights and optimizer state (its random init, or the
+    #     checkpoint).
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
-    run.write_config(args, env.as_dict(), FRAMEWORK, {"log_dir": log_dir, "scaled_lr": lr, "horovod_knobs": knobs})
+    run.write_config(args, env.as_dict(), FRAMEWORK,
+                     {"log_dir": log_dir, "scaled_lr": lr, "horovod_knobs": knobs})
 
-    # --- train / evaluate --------------------------------------------------------------------------------
+    # --- train / evaluate -------------------------------------------------------------------------
     for epoch in range(first_epoch, args.epochs + 1):
         seed_epoch(args.seed, epoch, env.rank)  # dropout masks: a resumed run draws the same ones
         for loader in loaders:
             loader.sampler.set_epoch(epoch)  # [3] a new shuffle each epoch, the same on every rank
 
-        def lr_of(fraction):  # linear warmup from the base LR to the scaled one (--lr-warmup-epochs)
+        def lr_of(fraction):  # --lr-warmup-epochs: linear from the base LR to the scaled one
             return lr_at(epoch - 1 + fraction, args.lr, lr, args.lr_warmup_epochs)
 
         start = time.perf_counter()
         train = train_epoch(model, optimizer, loaders, epoch, lr_of, env, args)
-        train_time = hvd.allreduce(torch.tensor(time.perf_counter() - start, dtype=torch.float64), op=hvd.Max,
-                                   name="time").item()  # the slowest rank's time
+        seconds = torch.tensor(time.perf_counter() - start, dtype=torch.float64)
+        train_time = hvd.allreduce(seconds, op=hvd.Max, name="time").item()  # the slowest rank's
         sums = torch.tensor(train + evaluate(model, test_loader), dtype=torch.float64)
-        sums = hvd.allreduce(sums, op=hvd.Sum, name="metrics")  # [7] metrics summed over ranks: all global
-        run.epoch_end(epoch, sums.tolist(), optimizer.param_groups[0]["lr"], time.perf_counter() - start,
-                      train_time, env, FRAMEWORK)
+        sums = hvd.allreduce(sums, op=hvd.Sum, name="metrics")  # [7] metrics summed over ranks
+        run.epoch_end(epoch, sums.tolist(), optimizer.param_groups[0]["lr"],
+                      time.perf_counter() - start, train_time, env, FRAMEWORK)
         if env.is_main:  # [8] one writer; the file is replaced atomically
             save_checkpoint(checkpoint, {"model": model.state_dict(),
                                          "optimizer": optimizer.state_dict(), "epoch": epoch})
 
-    # --- summary -----------------------------------------------------------------------------------------
-    checksums = hvd.allgather_object(param_checksum(model))  # identical on every rank, or something broke
+    # --- summary ----------------------------------------------------------------------------------
+    checksums = hvd.allgather_object(param_checksum(model))  # all equal, or something broke
     if args.save_model and env.is_main:
         save_checkpoint(Path(log_dir) / "model.pt", model.state_dict())
     run.summary({"wall_time_s": time.perf_counter() - wall_start, "param_checksums": checksums,

@@ -1,40 +1,44 @@
 #!/usr/bin/env python
 """MNIST with Horovod and TensorFlow 2 (custom training loop, Keras 3 model, tf.function).
 
-    python horovod/tensorflow/main.py                                one process
-    horovodrun -np 2 --gloo python horovod/tensorflow/main.py        two ranks (also: mpiexec -n 2 python ...)
+    python horovod/tensorflow/main.py                           one process
+    horovodrun -np 2 --gloo python horovod/tensorflow/main.py   two ranks
+    mpiexec -n 2 python horovod/tensorflow/main.py              two ranks, Horovod over MPI
 
-The numbered comments [1]-[8] are the course's recipe: the same number marks the same step in every lesson
-(README.md, "The recipe"); horovod/tensorflow/README.md explains each line. For Horovod's Keras API
-(model.fit + callbacks) see keras_main.py beside this file.
+The numbered comments [1]-[8] are the course's recipe: the same number marks the same step in every
+lesson (README.md, "The recipe"); horovod/tensorflow/README.md explains each line. For Horovod's
+Keras API (model.fit + callbacks) see keras_main.py beside this file.
 """
 import sys
 import time
 from pathlib import Path
 
 sys.path.append(str(Path(__file__).resolve().parents[2]))  # the repo root *after* site-packages
+import utils
+
 # Before the frameworks: a missing one is then one line that says how to get it, and the libraries'
 # lines that teach nothing are filtered (utils/quiet.py names each; COURSE_VERBOSE=1 shows them).
-import utils  # noqa: E402
 utils.course_output()
 
-from utils import data, log  # noqa: E402
-from utils import dist as course  # noqa: E402  (which variables each launcher sets; Horovod's CPU knobs)
-from utils.parse_args import finished_already, get_parser, parse, positive_float, resuming  # noqa: E402
-from utils.schedule import lr_at, scaled_lr  # noqa: E402
-from utils.tf_utils import build_model, checksum, configure_tf, images, one_thread, restore_latest  # noqa: E402
+import horovod.tensorflow as hvd
+import keras
+import tensorflow as tf
 
-import horovod.tensorflow as hvd  # noqa: E402
-import keras  # noqa: E402
-import tensorflow as tf  # noqa: E402
+from utils import data, log
+from utils import dist as course  # which variables each launcher sets; Horovod's CPU knobs
+from utils.parse_args import finished_already, get_parser, parse, positive_float, resuming
+from utils.schedule import lr_at, scaled_lr
+from utils.tf_utils import build_model, checksum, configure_tf, images, one_thread, restore_latest
 
 FRAMEWORK = "horovod-tensorflow"
 
 
 def horovod_flags(parser):
     g = parser.add_argument_group("horovod")
-    g.add_argument("--fp16-allreduce", action="store_true", help="compress gradients to fp16 for the all-reduce")
-    g.add_argument("--use-adasum", action="store_true", help="combine gradients with Adasum instead of averaging")
+    g.add_argument("--fp16-allreduce", action="store_true",
+                   help="compress gradients to fp16 for the all-reduce")
+    g.add_argument("--use-adasum", action="store_true",
+                   help="combine gradients with Adasum instead of averaging")
     g.add_argument("--gradient-predivide-factor", type=positive_float, default=1.0,
                    help="divide gradients by this before the sum and by size/factor after")
     return parser
@@ -42,18 +46,20 @@ def horovod_flags(parser):
 
 def tf_variables(keras_variables):
     """Keras 3 wraps each tf.Variable in a keras.Variable, which Horovod 0.28 does not understand
-    ("'Variable' object has no attribute 'ref'", horovod#4290). Hand Horovod the tf.Variable inside."""
+    ("'Variable' object has no attribute 'ref'", horovod#4290). Hand Horovod the tf.Variable
+    inside."""
     return [v.value for v in keras_variables]
 
 
 def shard(x, y, epoch, args):
-    """[3] This rank's batches of one epoch: every rank shuffles with the same seed, then takes its own shard
-    by *global* rank (hvd.rank(), not the local rank: that repeats on every node). Every rank runs as many
-    steps (a rank with an extra step would wait forever in an all-reduce the others never join)."""
+    """[3] This rank's batches of one epoch: every rank shuffles with the same seed, then takes its
+    own shard by *global* rank (hvd.rank(), not the local rank: that repeats on every node). Every
+    rank runs as many steps (a rank with an extra step would wait forever in an all-reduce the
+    others never join)."""
     steps = len(y) // hvd.size() // args.batch_size
     if steps == 0:
-        raise data.DataError(f"{len(y)} training samples are too few for {hvd.size()} ranks x batch "
-                             f"{args.batch_size}: lower --batch-size or the ranks")
+        raise data.DataError(f"{len(y)} training samples are too few for {hvd.size()} ranks x "
+                             f"batch {args.batch_size}: lower --batch-size or the ranks")
     steps = min(steps, args.max_steps or steps)
     dataset = (tf.data.Dataset.from_tensor_slices((x, y))
                .shuffle(len(y), seed=args.seed + epoch, reshuffle_each_iteration=False)
@@ -76,8 +82,9 @@ def make_train_step(model, optimizer, args):
                                            op=hvd.Adasum if args.use_adasum else hvd.Average,
                                            gradient_predivide_factor=args.gradient_predivide_factor)
         grads = tape.gradient(loss, tf_variables(model.trainable_variables))
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))  # the same update on every rank
-        correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, 1, output_type=y.dtype), y), tf.float64))
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))  # the same on every rank
+        hits = tf.equal(tf.argmax(logits, 1, output_type=y.dtype), y)
+        correct = tf.reduce_sum(tf.cast(hits, tf.float64))
         return loss, correct
     return train_step
 
@@ -117,30 +124,36 @@ def main():
 
     # --- set up distributed ----------------------------------------------------------------------
     # Horovod reads its knobs at init: on CPU ranks a longer cycle time (utils/dist.py says why)
-    knobs = course.horovod_knobs(on_cpu=args.device == "cpu" or not tf.config.list_physical_devices("GPU"),
-                                 dist_timeout=args.dist_timeout)
+    on_cpu = args.device == "cpu" or not tf.config.list_physical_devices("GPU")
+    knobs = course.horovod_knobs(on_cpu=on_cpu, dist_timeout=args.dist_timeout)
     # [1] Start Horovod: rank, local rank and size come from horovodrun or the MPI launcher.
     hvd.init()
-    env = course.DistEnv(hvd.rank(), hvd.local_rank(), hvd.size(), hvd.local_size(), course.discover().launcher,
-                         backend="horovod-" + ("mpi" if hvd.mpi_enabled() else "gloo"))
-    env.num_threads = course.threads_per_rank(args.num_threads, hvd.local_size())
-    # [2] Pin this rank to one device: of the GPUs, only number hvd.local_rank() stays visible (CPU: threads).
-    env.device = configure_tf(args.device, hvd.local_rank(), env.num_threads)
+    num_threads = course.threads_per_rank(args.num_threads, hvd.local_size())
+    # [2] Pin this rank to one device: of the GPUs, only number hvd.local_rank() stays visible (CPU:
+    #     threads).
+    device = configure_tf(args.device, hvd.local_rank(), num_threads)
+    controller = "horovod-" + ("mpi" if hvd.mpi_enabled() else "gloo")
+    env = course.DistEnv(hvd.rank(), hvd.local_rank(), hvd.size(), hvd.local_size(),
+                         course.discover().launcher, device=device, backend=controller,
+                         num_threads=num_threads)
     log.configure(env.rank, env.local_rank, args.log_all_ranks)
     if args.use_adasum and not hvd.mpi_enabled():
-        raise log.UserError("--use-adasum needs the MPI controller (mpiexec, horovodrun --mpi): gloo has no Adasum")
-    log_dir = args.log_dir or hvd.broadcast_object(log.default_log_dir("horovod-tensorflow"), root_rank=0)
+        raise log.UserError("--use-adasum needs the MPI controller (mpiexec, horovodrun --mpi): "
+                            "gloo has no Adasum")
+    log_dir = args.log_dir or hvd.broadcast_object(log.default_log_dir("horovod-tensorflow"),
+                                                   root_rank=0)
     run = log.RunLog(log_dir, env.is_main)
     log.info(f"{FRAMEWORK}: {env.world_size} rank(s) via {env.launcher}, device {env.device}, "
              f"{env.backend} controller, {env.num_threads} thread(s) per rank, "
              f"HOROVOD_CYCLE_TIME {knobs['HOROVOD_CYCLE_TIME']}")
 
     # --- data: every rank loads the set, then trains on its own shard -----------------------------
-    mnist = data.load_mnist(args.data_dir, args.download, env.is_main,
-                            barrier=lambda: hvd.broadcast_object(None, root_rank=0))  # hvd.tensorflow has no barrier
+    mnist = data.load_mnist(args.data_dir, args.download, env.is_main,  # hvd.tensorflow: no barrier
+                            barrier=lambda: hvd.broadcast_object(None, root_rank=0))
     log.info(mnist.describe())
-    x_train, y_train, x_test, y_test = images(mnist.x_train), mnist.y_train, images(mnist.x_test), mnist.y_test
-    test_set = one_thread(tf.data.Dataset.from_tensor_slices((x_test, y_test))  # [3] evaluation sharded too
+    x_train, y_train = images(mnist.x_train), mnist.y_train
+    x_test, y_test = images(mnist.x_test), mnist.y_test
+    test_set = one_thread(tf.data.Dataset.from_tensor_slices((x_test, y_test))  # [3] sharded too
                           .shard(hvd.size(), hvd.rank()).batch(args.test_batch_size))
 
     # --- model and optimizer ---------------------------------------------------------------------
@@ -149,18 +162,19 @@ def main():
     # [4] Scale the LR with the global batch (Adasum adapts to the gradients instead: no scaling).
     lr = scaled_lr(args.lr, hvd.size(), not (args.no_lr_scaling or args.use_adasum))
     optimizer = keras.optimizers.SGD(learning_rate=lr, momentum=args.momentum)
-    optimizer.build(model.trainable_variables)  # create the momentum slots now, so they can be broadcast
+    optimizer.build(model.trainable_variables)  # the momentum slots now, so that [5] can send them
     epoch_var = tf.Variable(0, dtype=tf.int64)
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, epoch=epoch_var)
-    manager = tf.train.CheckpointManager(checkpoint, args.checkpoint_dir or str(Path(log_dir) / "checkpoints"),
-                                         max_to_keep=2)
-    if resuming(args) and env.is_main:  # [8] rank 0 restores; [5]'s broadcast hands the state to everyone
-        restored = restore_latest(checkpoint, manager)  # one line on stderr if it is missing or does not fit
+    folder = args.checkpoint_dir or str(Path(log_dir) / "checkpoints")
+    manager = tf.train.CheckpointManager(checkpoint, folder, max_to_keep=2)
+    if resuming(args) and env.is_main:  # [8] rank 0 restores; [5] hands the state to every rank
+        restored = restore_latest(checkpoint, manager)  # one line if it is missing or does not fit
         log.info(f"resumed from {restored}: continuing at epoch {int(epoch_var) + 1}")
     first_epoch = hvd.broadcast_object(int(epoch_var), root_rank=0) + 1
     run.keep_epochs_before(first_epoch)
-    # [5] Start every rank from rank 0's weights and optimizer state. Horovod's own TF2 example does this after
-    #     the first step, because Keras 2 created optimizer slots lazily; built up front, we can do it first.
+    # [5] Start every rank from rank 0's weights and optimizer state. Horovod's own TF2 example does
+    #     this after the first step, because Keras 2 created optimizer slots lazily; built up front,
+    #     we can do it first.
     hvd.broadcast_variables(tf_variables(model.variables), root_rank=0)
     hvd.broadcast_variables(tf_variables(optimizer.variables), root_rank=0)
     train_step = make_train_step(model, optimizer, args)
@@ -169,20 +183,22 @@ def main():
 
     # --- train / evaluate ------------------------------------------------------------------------
     for epoch in range(first_epoch, args.epochs + 1):
-        # Reseeded each epoch; still, Keras 3's dropout layers draw from seed generators of their own that no
-        # checkpoint records: a resumed run repeats an uninterrupted one exactly only with --dropout 0.
+        # Reseeded each epoch; still, Keras 3's dropout layers draw from seed generators of their
+        # own that no checkpoint records: a resumed run repeats an uninterrupted one exactly only
+        # with --dropout 0.
         keras.utils.set_random_seed(args.seed + 1000 * epoch + env.rank)
-        dataset, steps = shard(x_train, y_train, epoch, args)  # [3] a new shuffle each epoch, the same everywhere
+        # [3] a new shuffle each epoch, the same on every rank
+        dataset, steps = shard(x_train, y_train, epoch, args)
 
-        def lr_of_step(step):  # linear warmup from the base LR to the scaled one (--lr-warmup-epochs)
+        def lr_of_step(step):  # --lr-warmup-epochs: linear from the base LR to the scaled one
             return lr_at(epoch - 1 + step / steps, args.lr, lr, args.lr_warmup_epochs)
 
         start = time.perf_counter()
         train = train_epoch(train_step, optimizer, dataset, steps, epoch, lr_of_step, env, args)
-        train_time = float(hvd.allreduce(tf.constant(time.perf_counter() - start, tf.float64), op=hvd.Max,
-                                         name="time"))  # the slowest rank's time
+        seconds = tf.constant(time.perf_counter() - start, tf.float64)
+        train_time = float(hvd.allreduce(seconds, op=hvd.Max, name="time"))  # the slowest rank's
         sums = tf.constant(list(train) + evaluate(model, test_set), tf.float64)
-        sums = hvd.allreduce(sums, op=hvd.Sum, name="metrics")  # [7] metrics summed over ranks: all global
+        sums = hvd.allreduce(sums, op=hvd.Sum, name="metrics")  # [7] metrics summed over ranks
         run.epoch_end(epoch, sums.numpy().tolist(), float(optimizer.learning_rate.numpy()),
                       time.perf_counter() - start, train_time, env, FRAMEWORK)
         epoch_var.assign(epoch)
@@ -190,7 +206,7 @@ def main():
             manager.save()
 
     # --- summary ---------------------------------------------------------------------------------
-    checksums = hvd.allgather_object(checksum(model.variables))  # identical on every rank, or something broke
+    checksums = hvd.allgather_object(checksum(model.variables))  # all equal, or something broke
     if args.save_model and env.is_main:
         model.save_weights(str(Path(log_dir) / "model.weights.h5"))
     run.summary({"wall_time_s": time.perf_counter() - wall_start, "param_checksums": checksums,

@@ -98,6 +98,7 @@ def planted_at_step(rank, epoch, step):
         _fire(plant, rank, epoch, step)
     if os.environ.get("COURSE_MONITOR"):
         import datetime
+
         import torch.distributed as dist
         dist.monitored_barrier(timeout=datetime.timedelta(seconds=float(os.environ["COURSE_MONITOR"])))
 

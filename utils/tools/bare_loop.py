@@ -76,10 +76,10 @@ def torch_loop(args):
 
 def tf_loop(args):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import keras
     import numpy as np
     import tensorflow as tf
 
-    import keras
     from utils.tf_utils import build_model
     tf.config.threading.set_intra_op_parallelism_threads(args.num_threads)
     tf.config.threading.set_inter_op_parallelism_threads(1)

@@ -1,5 +1,6 @@
 """The bench's training runs: every example run as a program (its flags and files: metrics.jsonl), started
-through utils.tools.launch.launch_command, at 1 and 2 ranks, beside the ceiling (two independent 1-rank runs at once)."""
+through utils.tools.launch.launch_command, at 1 and 2 ranks, beside the ceiling (two independent 1-rank runs at
+once)."""
 import json
 import os
 import subprocess
@@ -10,15 +11,15 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.append(str(ROOT))  # *after* site-packages: our horovod/ and deepspeed/ never shadow the libraries
 
-import bench_cpu  # noqa: E402
-from bench_report import ceiling_efficiency, efficiency, steady_throughput  # noqa: E402
-from utils import dist  # noqa: E402
-from utils.tools import launch  # noqa: E402
+import bench_cpu
+from bench_report import ceiling_efficiency, efficiency, steady_throughput
+from utils.tools.launch import EXAMPLES, launch_command
 
 BIN = Path(sys.executable).parent  # the venv's bin: torchrun, mpiexec, horovodrun, deepspeed
 
 HOROVODRUN_FLAGS = ("--gloo-timeout-seconds", "60")
-BENCHED = {  # utils.tools.launch.EXAMPLES name: (its 2-rank launcher, framework kind: whose independent pair is its ceiling)
+# utils.tools.launch.EXAMPLES name: (its 2-rank launcher, framework kind: whose independent pair is its ceiling)
+BENCHED = {
     "ddp": ("torchrun", "torch"),
     "horovod-pytorch": ("horovodrun", "torch"),
     "horovod-tensorflow": ("horovodrun", "tf"),
@@ -38,9 +39,10 @@ BENCH_SETS = ("--epochs", "--max-steps", "--batch-size", "--num-threads", "--log
 
 
 def command(example, nproc, launcher, args, wrapper=None):
-    """The launch command (utils.tools.launch.launch_command) with the venv's launchers and horovodrun's gloo timeout."""
+    """The launch command (utils.tools.launch.launch_command) with the venv's launchers and horovodrun's gloo
+    timeout."""
     flags = HOROVODRUN_FLAGS if launcher == "horovodrun" else ()
-    return launch.launch_command(example, nproc, launcher, args, wrapper=wrapper, bin_dir=BIN, launcher_flags=flags)
+    return launch_command(example, nproc, launcher, args, wrapper=wrapper, bin_dir=BIN, launcher_flags=flags)
 
 
 def env_for_bench():
@@ -86,7 +88,7 @@ def measure_example(name, args, work, flags=None, tag=""):
     flags = args.example_args if flags is None else flags
     one = work / f"{name}-1{tag}"
     proc = launch(command(name, 1, "python", [*example_flags(args, one), *flags]), args.timeout)
-    cpu_1 = bench_cpu.watch_cpu(proc[0], launch.EXAMPLES[name], one, args.epochs)
+    cpu_1 = bench_cpu.watch_cpu(proc[0], EXAMPLES[name], one, args.epochs)
     wait(*proc, f"{name} 1 rank{described(tag)}")
     two, cpu_2 = measure_two_ranks(name, args, work, tag=tag, flags=flags)
     return steady_throughput(history(one)), two, BENCHED[name][1], cpu_1.result(), cpu_2
@@ -98,7 +100,7 @@ def measure_two_ranks(name, args, work, extra_env=None, tag="", launcher=None, f
     two = work / f"{name}-2{tag}"
     proc = launch(command(name, 2, launcher or BENCHED[name][0], [*example_flags(args, two), *flags]),
                   args.timeout, extra_env)
-    cpu = bench_cpu.watch_cpu(proc[0], launch.EXAMPLES[name], two, args.epochs)
+    cpu = bench_cpu.watch_cpu(proc[0], EXAMPLES[name], two, args.epochs)
     wait(*proc, f"{name} 2 ranks{described(tag)}")
     return steady_throughput(history(two)), cpu.result()
 

@@ -16,9 +16,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 sys.path.append(str(ROOT))  # after site-packages: our horovod/ and deepspeed/ folders never shadow the libraries
-from utils.tools.launch import launch_command  # noqa: E402  (the one module that knows launchers)
+from utils.tools.launch import launch_command  # the one module that knows launchers
 
-# (name, framework, launcher as shown, example (utils.tools.launch.EXAMPLES), launcher (utils.tools.launch.LAUNCHERS)), 2 ranks each
+# (name, framework, launcher as shown, example (utils.tools.launch.EXAMPLES), launcher (utils.tools.launch.LAUNCHERS)),
+# 2 ranks each
 RUNS = [
     ("ddp-torchrun", "PyTorch DDP", "torchrun", "ddp", "torchrun"),
     ("ddp-mpiexec", "PyTorch DDP", "mpiexec", "ddp", "mpiexec"),

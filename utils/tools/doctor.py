@@ -9,7 +9,8 @@ from pathlib import Path
 sys.path.append(str(Path(__file__).resolve().parents[2]))  # the repo root, after site-packages
 # Before the frameworks: a missing one is then one line that says how to get it, and the libraries'
 # lines that teach nothing are filtered (utils/quiet.py names each; COURSE_VERBOSE=1 shows them).
-import utils  # noqa: E402
+import utils
+
 utils.course_output()
 
 FIX_SETUP = "run `make setup`"
@@ -21,7 +22,7 @@ def check(component, fn, fix=FIX_SETUP, required=True):
     try:
         status, details = fn()
         rows.append((component, status, details, None))
-    except Exception as exc:  # noqa: BLE001 - any failure to import or query is what we report
+    except Exception as exc:
         rows.append((component, "MISSING" if required else "absent", f"{type(exc).__name__}: {exc}".splitlines()[0],
                      fix if required else None))
 

@@ -34,10 +34,28 @@ import sys
 import time
 from pathlib import Path
 
-from figures_plots import (diagram_allreduce, diagram_parallelism, plot_accuracy, plot_batch_efficiency,
-                           plot_efficiency, plot_epoch_time, plot_lr_lesson, plot_speedup)
-from figures_runs import (ROOT, batch_efficiency, find_sweeps, get_run, machine_from_path, machine_name,
-                          read_config, read_metrics, scaling_table, sweep_kind)
+from figures_plots import (
+    diagram_allreduce,
+    diagram_parallelism,
+    plot_accuracy,
+    plot_batch_efficiency,
+    plot_efficiency,
+    plot_epoch_time,
+    plot_lr_lesson,
+    plot_speedup,
+)
+from figures_runs import (
+    ROOT,
+    batch_efficiency,
+    find_sweeps,
+    get_run,
+    machine_from_path,
+    machine_name,
+    read_config,
+    read_metrics,
+    scaling_table,
+    sweep_kind,
+)
 
 
 # --- the scaling study ---------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 sys.path.append(str(ROOT))  # after site-packages: our horovod/ and deepspeed/ folders never shadow the libraries
-from utils.tools.launch import EXAMPLES, launch_command  # noqa: E402  (the one module that knows launchers)
+from utils.tools.launch import EXAMPLES, launch_command  # the one module that knows launchers
 
 EXAMPLE = "ddp"  # every run of the scaling study and the learning-rate lesson
 

@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.append(str(Path(__file__).resolve().parents[2]))  # the repo root, after site-packages
-from utils.tools.launch import launch_command  # noqa: E402
+from utils.tools.launch import launch_command
 
 # name: (example, launcher, ranks, flags) -- the course path's commands (README.md), with their defaults
 STEPS = {

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 sys.path.append(str(Path(__file__).resolve().parents[2]))  # the repo root, after site-packages
-from utils.tools.launch import EXAMPLES, LAUNCHERS, launch_command  # noqa: E402
+from utils.tools.launch import EXAMPLES, LAUNCHERS, launch_command
 
 # Lines that mark a crash even when the exit code is 0 (a rank's teardown can abort after its summary).
 CRASH_MARKS = ("terminate called", "Traceback (most recent call last)", "Segmentation fault", "core dumped",
