@@ -18,7 +18,8 @@ from utils.tools.launch import launch_command
 
 def run(cmd, timeout=300, env=None, cwd=ROOT):
     """Run `cmd` in its own process group; on timeout kill the whole group and fail (a hang is a failure)."""
-    full_env = dict(os.environ, PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2", PATH=f"{BIN}:{os.environ.get('PATH', '')}")
+    full_env = dict(os.environ, PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2",
+                    PATH=f"{BIN}:{os.environ.get('PATH', '')}")
     full_env.update(env or {})
     if any(name.startswith("COURSE_") for name in env or {}):  # test-only fault injection (tests/hooks/faults.py)
         full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "tests" / "hooks"),

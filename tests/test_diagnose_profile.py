@@ -68,9 +68,9 @@ def test_the_split_of_a_step_adds_up_on_a_known_trace():
     """A hand-made trace: a 100 us step with 30 us of operators, 10 us in an all-reduce call, and 40
     us idle inside backward (waiting), 20 us of Python outside any phase; a gloo thread busy for 50
     us."""
-    x = lambda name, ts, dur, tid=1, cat="cpu_op": dict(
-        ph="X", name=name, ts=ts, dur=dur, tid=tid, cat=cat
-    )
+    def x(name, ts, dur, tid=1, cat="cpu_op"):
+        return dict(ph="X", name=name, ts=ts, dur=dur, tid=tid, cat=cat)
+
     events = [
         x("ProfilerStep#3", 0, 100, cat="user_annotation"),
         x("phase:forward", 0, 20, cat="user_annotation"),

@@ -40,7 +40,8 @@ def test_a_hung_rank_ends_the_job_after_the_collective_timeout(tmp_path, script,
     Horovod's examples turn --dist-timeout into HOROVOD_GLOO_TIMEOUT_SECONDS (utils/dist.horovod_knobs)."""
     rc, survivor_s, launcher_s, output = signal_rank_1(tmp_path, script, launcher, signal.SIGSTOP,
                                                        "--dist-timeout", "10")
-    print(f"\n[{script} / hung rank 1] rank 0 gone after {survivor_s:.1f} s; launcher exit {rc} after {launcher_s:.1f} s")
+    print(f"\n[{script} / hung rank 1] rank 0 gone after {survivor_s:.1f} s; "
+          f"launcher exit {rc} after {launcher_s:.1f} s")
     assert rc != 0
     assert survivor_s >= 9, "rank 0 gave up before the 10 s timeout: it did not wait on the collective"
     # ... and the 10 s came from --dist-timeout, not a library default (gloo in Horovod: 30 s; torch: 30 min)

@@ -1,5 +1,5 @@
 """Walltime under a real scheduler: `scancel --signal=TERM` of a running Slurm job
-(submissions/slurm/ddp.sh, 2 ranks) sends SIGTERM to its job step, as `sbatch
+(submissions/slurm/train.sh, DDP, 2 ranks) sends SIGTERM to its job step, as `sbatch
 --signal=TERM@<seconds>` does before the walltime; every rank says where it stopped and which
 checkpoint to continue from, in one line, and the job ends. (A plain `scancel` also signals the
 batch script, whose `tee` of the output then dies with it.) Uses tests/test_slurm.py's cluster
@@ -17,7 +17,7 @@ def test_scancel_stops_every_rank_in_one_line(slurm, frameworks, tmp_path):
     env = job_env(slurm, frameworks, tmp_path / "runs")
     job_id = submit(
         env,
-        SLURM / "ddp.sh",
+        SLURM / "train.sh",  # EXAMPLE unset: DDP
         1,
         2,
         tmp_path,

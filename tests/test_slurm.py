@@ -118,7 +118,8 @@ def wait(env, job_id, timeout=400):
         if time.monotonic() > deadline:
             run(["scancel", job_id], env=env, timeout=30)
             out = Path(fields["StdOut"]).read_text()[-4000:] if Path(fields.get("StdOut", "-")).is_file() else ""
-            pytest.fail(f"job {job_id} not finished after {timeout}s: {result.stdout}{result.stderr}\n--- output\n{out}")
+            pytest.fail(f"job {job_id} not finished after {timeout}s: {result.stdout}{result.stderr}"
+                        f"\n--- output\n{out}")
         time.sleep(1)
 
 
@@ -209,7 +210,8 @@ def test_scaling_sweep_across_one_and_two_nodes(slurm, frameworks, tmp_path):
         assert [m["world_size"] for m in metrics(run_dir)] == [n]
 
     lines = out.splitlines()
-    header = next(i for i, line in enumerate(lines) if line.split()[:4] == ["ranks", "samples/s", "speedup", "efficiency"])
+    columns = ["ranks", "samples/s", "speedup", "efficiency"]
+    header = next(i for i, line in enumerate(lines) if line.split()[:4] == columns)
     rows = [line.split() for line in lines[header + 1:header + 3]]
     speed = {n: metrics(sweep / f"n{n}")[-1]["samples_per_s"] for n in (1, 2)}
     assert [row[0] for row in rows] == ["1", "2"] and [row[5] for row in rows] == [str(sweep / "n1"), str(sweep / "n2")]

@@ -14,13 +14,15 @@ class UserError(Exception):
 
 
 def record_for_torchrun(line):
-    """Under torchrun, write `line` to the error file it gave this worker (TORCHELASTIC_ERROR_FILE), in the
-    format of torch.distributed.elastic's @record: torchrun's failure report then shows this line as the
-    worker's error (and the root cause, if it came first) instead of `error_file: <N/A>`."""
+    """Under torchrun, write `line` to the error file it gave this worker (TORCHELASTIC_ERROR_FILE),
+    in the format of torch.distributed.elastic's @record: torchrun's failure report then shows this
+    line as the worker's error (and the root cause, if it came first) instead of
+    `error_file: <N/A>`."""
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if not path:
         return
-    data = {"message": {"message": line, "extraInfo": {"py_callstack": line, "timestamp": str(int(time.time()))}}}
+    extra = {"py_callstack": line, "timestamp": str(int(time.time()))}
+    data = {"message": {"message": line, "extraInfo": extra}}
     try:
         with open(path, "w") as f:
             json.dump(data, f)
@@ -30,8 +32,8 @@ def record_for_torchrun(line):
 
 def say(message, prefix="error"):
     """One line on stderr (and in torchrun's error file), written whole."""
-    # One write of the whole line (print() writes the text and the newline separately): lines from several
-    # ranks sharing one stderr pipe (mpiexec) then never interleave.
+    # One write of the whole line (print() writes the text and the newline separately): lines from
+    # several ranks sharing one stderr pipe (mpiexec) then never interleave.
     line = f"{prefix}: {message}"
     sys.stderr.write(line + "\n")
     sys.stderr.flush()
@@ -40,6 +42,7 @@ def say(message, prefix="error"):
 
 
 def fail(message, code=2):
-    """One clear line on stderr and a non-zero exit: for bad input, on every rank, instead of a traceback."""
+    """One clear line on stderr and a non-zero exit: for bad input, on every rank, instead of a
+    traceback."""
     say(message)
     sys.exit(code)

@@ -19,26 +19,32 @@ _PREFIX = ""
 
 
 def configure(rank, local_rank=0, log_all_ranks=False):
-    """Who prints: rank 0, or with --log-all-ranks every rank, prefixed by its global and local rank."""
+    """Who prints: rank 0, or with --log-all-ranks every rank, prefixed by its global and local
+    rank."""
     global _RANK, _ALL_RANKS, _PREFIX
     _RANK, _ALL_RANKS = rank, log_all_ranks
     _PREFIX = f"[rank {rank}, local {local_rank}] " if log_all_ranks else ""
 
 
 def info(message):
-    """Print on rank 0 (or on every rank with --log-all-ranks, prefixed by its global and local rank)."""
+    """Print on rank 0 (or on every rank with --log-all-ranks, prefixed by its global and local
+    rank)."""
     if _RANK == 0 or _ALL_RANKS:
-        # One write per line (print() writes text and newline apart): lines from ranks sharing a pipe stay whole.
+        # One write per line (print() writes text and newline apart): lines from ranks sharing a
+        # pipe stay whole.
         prefix = _PREFIX if _ALL_RANKS else ""
-        sys.stdout.write("".join(prefix + line for line in (message + "\n").splitlines(True)))
+        lines = (message + "\n").splitlines(True)
+        sys.stdout.write("".join(prefix + line for line in lines))
         sys.stdout.flush()
 
 
-# What the frameworks raise on a rank whose peer died or stopped answering: torch.distributed's Dist*Error
-# classes, Horovod's HorovodInternalError, and plain RuntimeErrors (or TensorFlow errors) from gloo/Horovod.
-PEER_ERROR_TYPES = ("DistError", "DistBackendError", "DistNetworkError", "DistStoreError", "HorovodInternalError")
-PEER_ERROR_TEXTS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Timed out waiting",
-                    "timed out", "Horovod has been shut down", "gloo")
+# What the frameworks raise on a rank whose peer died or stopped answering: torch.distributed's
+# Dist*Error classes, Horovod's HorovodInternalError, and plain RuntimeErrors (or TensorFlow errors)
+# from gloo/Horovod.
+PEER_ERROR_TYPES = ("DistError", "DistBackendError", "DistNetworkError", "DistStoreError",
+                    "HorovodInternalError")
+PEER_ERROR_TEXTS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
+                    "Timed out waiting", "timed out", "Horovod has been shut down", "gloo")
 TIMEOUT_TEXTS = ("Timed out", "timed out", "Timeout", "timeout")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HANGS_PAGE = "diagnose/hangs.md"
@@ -49,10 +55,11 @@ def is_peer_failure(exc):
     return bool(names & set(PEER_ERROR_TYPES)) or any(text in str(exc) for text in PEER_ERROR_TEXTS)
 
 
-# --- what the one line of a failed or stopped run needs to know ------------------------------------------
+# --- what the one line of a failed or stopped run needs to know ----------------------------------
 _POSITION = {}  # epoch, step, total: the last training step this rank finished (Progress.update)
 _RUN = {}  # args (utils.parse_args.parse), log_dir (default_log_dir)
-_CREATED = []  # outermost folders this run created: removed again if it fails before writing a result
+# outermost folders this run created: removed again if it fails before writing a result
+_CREATED = []
 
 
 def at_step(epoch, step, total):
@@ -64,8 +71,9 @@ def note_args(args):
 
 
 def note_new_folder(path):
-    """Remember the outermost folder of `path` that does not exist yet: if the run fails before any result
-    is in it (nothing but config.json), run_main removes it again, so a failed start leaves no debris."""
+    """Remember the outermost folder of `path` that does not exist yet: if the run fails before any
+    result is in it (nothing but config.json), run_main removes it again, so a failed start leaves
+    no debris."""
     if not path:
         return
     folder, top = os.path.abspath(path), None
@@ -81,7 +89,8 @@ def _holds_results(folder):
 
 
 def remove_debris():
-    """Remove the folders this run created and left without a result (rank 0 made them; rank 0 removes)."""
+    """Remove the folders this run created and left without a result (rank 0 made them; rank 0
+    removes)."""
     import shutil
 
     from utils.dist import discover
@@ -128,10 +137,12 @@ def _frames(exc):
 
 
 def _waited_where(exc):
-    """('all_reduce', 'DDP/main.py:152') for the collective that failed and the course's line that called it."""
+    """('all_reduce', 'DDP/main.py:152') for the collective that failed and the course's line that
+    called it."""
     frames = _frames(exc)
+    # (a virtual environment may live inside the checkout)
     ours = [i for i, f in enumerate(frames) if os.path.abspath(f.filename).startswith(ROOT + os.sep)
-            and "site-packages" not in f.filename]  # (a virtual environment may live inside the checkout)
+            and "site-packages" not in f.filename]
     if not ours:
         return None, None
     mine = frames[ours[-1]]
@@ -145,39 +156,45 @@ def _waited_where(exc):
 def _peer_line(exc):
     from utils.dist import discover
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
-    detail = next((line for line in lines if "monitoredBarrier" in line),
-                  next((line for line in lines if any(text in line for text in PEER_ERROR_TEXTS)), lines[0]))[:240]
+    peer_line = next((line for line in lines if any(text in line for text in PEER_ERROR_TEXTS)),
+                     lines[0])
+    detail = next((line for line in lines if "monitoredBarrier" in line), peer_line)[:240]
     what, where = _waited_where(exc)
     call = f"in {what} at {where} " if where else ""
     rank = discover().rank
     timeout = getattr(_RUN.get("args"), "dist_timeout", None)
-    # Horovod reports a gloo timeout only as "Horovod has been shut down": the time since the last step says it
+    # Horovod reports a gloo timeout only as "Horovod has been shut down": the time since the last
+    # step says it
     since = time.monotonic() - _POSITION["at"] if "at" in _POSITION else 0
     if any(text in str(exc) for text in TIMEOUT_TEXTS) or (timeout and since >= 0.9 * timeout):
         import re
         ms = re.search(r"(\d+)\s*ms", str(exc))
         waited = (f"{int(ms.group(1)) / 1000:g} s" if ms else f"{since:.0f} s" if since else
                   f"{timeout} s (--dist-timeout)" if timeout else "")
-        absent = re.search(r"Rank (\d+) failed to pass monitoredBarrier", str(exc))  # gloo names the rank
-        who = f"rank {absent.group(1)}, which never arrived" if absent else "a rank that never joined it"
-        return (f"rank {rank} waited {waited} {call}{_where()} for {who} (hung, stopped or elsewhere); "
-                f"next: while it hangs, `python diagnose/stacks.py` shows where every rank is ({HANGS_PAGE}) "
-                f"[{detail}]")
-    return (f"rank {rank} lost contact with another rank {call}{_where()} (it died, or hung past the "
-            f"collective timeout): {detail}")
+        # gloo names the rank
+        absent = re.search(r"Rank (\d+) failed to pass monitoredBarrier", str(exc))
+        who = (f"rank {absent.group(1)}, which never arrived" if absent else
+               "a rank that never joined it")
+        return (f"rank {rank} waited {waited} {call}{_where()} for {who} "
+                f"(hung, stopped or elsewhere); "
+                f"next: while it hangs, `python diagnose/stacks.py` shows where every rank is "
+                f"({HANGS_PAGE}) [{detail}]")
+    return (f"rank {rank} lost contact with another rank {call}{_where()} (it died, or hung past "
+            f"the collective timeout): {detail}")
 
 
 def run_main(main):
     """Call main(), and end every way it can go wrong in one line on stderr instead of a traceback:
 
     - a UserError (bad input): one line, exit 2;
-    - SIGINT or SIGTERM (Ctrl-C, a scheduler's walltime): where it stopped, the last good checkpoint and
-      how to continue; exit 130 or 143 (utils/interrupts.py);
-    - a lost peer (a rank that died, or hung past the collective timeout): which rank waited, in which
-      collective at which line, in which epoch and step, and what to do next; exit 1.
+    - SIGINT or SIGTERM (Ctrl-C, a scheduler's walltime): where it stopped, the last good
+      checkpoint and how to continue; exit 130 or 143 (utils/interrupts.py);
+    - a lost peer (a rank that died, or hung past the collective timeout): which rank waited, in
+      which collective at which line, in which epoch and step, and what to do next; exit 1.
 
-    A run that fails before its first result removes the folders it created. Under torchrun the line also
-    goes into the worker's error file, so torchrun's report names it as the cause. A bug keeps its traceback.
+    A run that fails before its first result removes the folders it created. Under torchrun the
+    line also goes into the worker's error file, so torchrun's report names it as the cause. A bug
+    keeps its traceback.
     """
     from utils import interrupts
     interrupts.install()
@@ -191,7 +208,8 @@ def run_main(main):
         signum = interrupts.received()
         if signum is None and isinstance(exc, KeyboardInterrupt):
             signum = 2
-        if signum is not None:  # stopped on purpose; a peer error after it is the same stop seen later
+        # stopped on purpose; a peer error after it is the same stop seen later
+        if signum is not None:
             _quit(_stopped_line(signum), interrupts.exit_code(signum), prefix="stopped")
         remove_debris()
         if isinstance(exc, UserError):
@@ -200,13 +218,15 @@ def run_main(main):
             import traceback
 
             from utils.errors import record_for_torchrun
-            record_for_torchrun(traceback.format_exc())  # torchrun's report shows it (as @record would)
+            # torchrun's report shows it (as @record would)
+            record_for_torchrun(traceback.format_exc())
             raise  # a bug: keep the traceback
         _quit(_peer_line(exc), 1)
 
 
 def _quit(line, code, prefix="error"):
-    """One line, then out at once: a rank whose peers are gone must not wait in the libraries' exit hooks."""
+    """One line, then out at once: a rank whose peers are gone must not wait in the libraries' exit
+    hooks."""
     from utils.errors import say
     remove_debris()
     sys.stdout.flush()
@@ -223,7 +243,8 @@ def default_log_dir(script_name):
 
 
 def atomic_write(path, write_fn, mode="w"):
-    """Write via a temporary file in the same folder, fsync, then rename: a crash leaves the old file intact."""
+    """Write via a temporary file in the same folder, fsync, then rename: a crash leaves the old file
+    intact."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-" + os.path.basename(path))
@@ -252,8 +273,9 @@ def write_json(path, obj):
 
 
 class RunLog:
-    """config.json, metrics.jsonl (one line per epoch) and summary.json in --log-dir, written by rank 0, and
-    TensorBoard's event files beside them (see Board; COURSE_TENSORBOARD=0 turns them off)."""
+    """config.json, metrics.jsonl (one line per epoch) and summary.json in --log-dir, written by
+    rank 0, and TensorBoard's event files beside them (see Board; COURSE_TENSORBOARD=0 turns them
+    off)."""
 
     def __init__(self, log_dir, is_main):
         self.dir = log_dir
@@ -277,23 +299,30 @@ class RunLog:
             self.history = [json.loads(line) for line in f if line.strip()]
         self.history = [m for m in self.history if m["epoch"] < first_epoch]
         if self.is_main:
-            atomic_write(self.metrics_path, lambda f: f.writelines(json.dumps(m) + "\n" for m in self.history))
+            self._write_metrics()
+
+    def _write_metrics(self):
+        atomic_write(self.metrics_path,
+                     lambda f: f.writelines(json.dumps(m) + "\n" for m in self.history))
 
     def epoch(self, metrics):
         self.history.append(metrics)
         if self.is_main:
             # Rewritten whole and renamed, so a kill never leaves half a line behind.
-            atomic_write(self.metrics_path, lambda f: f.writelines(json.dumps(m) + "\n" for m in self.history))
+            self._write_metrics()
             Board.epoch(metrics)
         info(format_epoch(metrics))
 
     def epoch_end(self, epoch, sums, lr, epoch_time_s, train_time_s, env, framework):
-        """Record one epoch from the metric sums over all ranks (train loss/correct/seen, test loss/correct/seen)."""
+        """Record one epoch from the metric sums over all ranks (train loss/correct/seen, test
+        loss/correct/seen)."""
         train_loss, train_correct, train_seen, test_loss, test_correct, test_seen = sums
-        self.epoch(dict(epoch=epoch, train_loss=train_loss / train_seen, train_acc=train_correct / train_seen,
+        self.epoch(dict(epoch=epoch, train_loss=train_loss / train_seen,
+                        train_acc=train_correct / train_seen,
                         test_loss=test_loss / test_seen, test_acc=test_correct / test_seen, lr=lr,
                         epoch_time_s=epoch_time_s, train_time_s=train_time_s,
-                        samples_per_s=train_seen / train_time_s,  # global: all ranks' samples / slowest rank's time
+                        # global: all ranks' samples / slowest rank's time
+                        samples_per_s=train_seen / train_time_s,
                         world_size=env.world_size, framework=framework, launcher=env.launcher))
 
     def summary(self, extra):
@@ -308,7 +337,8 @@ class RunLog:
 
 
 def format_epoch(m):
-    return (f"epoch {m['epoch']:>2}  train_loss {m['train_loss']:.4f}  train_acc {m['train_acc']:.4f}  "
+    return (f"epoch {m['epoch']:>2}  "
+            f"train_loss {m['train_loss']:.4f}  train_acc {m['train_acc']:.4f}  "
             f"test_loss {m['test_loss']:.4f}  test_acc {m['test_acc']:.4f}  lr {m['lr']:.4g}  "
             f"{m['samples_per_s']:.0f} samples/s  {m['epoch_time_s']:.1f}s")
 
@@ -325,7 +355,8 @@ def format_summary(s, log_dir):
 
 
 class Progress:
-    """Rank 0's view of an epoch: a progress bar on a terminal, else a line every --log-interval steps."""
+    """Rank 0's view of an epoch: a progress bar on a terminal, else a line every --log-interval
+    steps."""
 
     def __init__(self, enabled, total, epoch, interval):
         self.enabled, self.total, self.epoch, self.interval = enabled, total, epoch, interval
@@ -339,8 +370,8 @@ class Progress:
             Board.step((self.epoch - 1) * self.total + step, loss)
         if self.bar:
             done = int(30 * step / max(1, self.total))
-            print(f"\repoch {self.epoch} [{'#' * done}{'.' * (30 - done)}] {step}/{self.total} loss {loss:.4f}",
-                  end="", flush=True)
+            print(f"\repoch {self.epoch} [{'#' * done}{'.' * (30 - done)}] "
+                  f"{step}/{self.total} loss {loss:.4f}", end="", flush=True)
         elif step % self.interval == 0 or step == self.total:
             print(f"epoch {self.epoch} step {step}/{self.total} loss {loss:.4f}", flush=True)
 
@@ -363,7 +394,8 @@ _CRC32C = _crc32c_table()
 
 
 def _masked_crc32c(data):
-    """The checksum TFRecord files carry (CRC-32C, rotated and offset as TensorFlow's record writer does)."""
+    """The checksum TFRecord files carry (CRC-32C, rotated and offset as TensorFlow's record writer
+    does)."""
     crc = 0xFFFFFFFF
     for byte in data:
         crc = _CRC32C[(crc ^ byte) & 0xFF] ^ (crc >> 8)
@@ -372,23 +404,26 @@ def _masked_crc32c(data):
 
 
 class Board:
-    """TensorBoard event files in the run's log dir. Per epoch: epoch/* (losses, accuracies, lr, samples/s,
-    seconds), x = the epoch; per logged step (--log-interval): step/train_loss, x = steps since the start of
-    the run. Written by the rank that writes the run's files, and for the step losses by the rank that prints
-    them (the last pipeline stage). `tensorboard --logdir runs` shows every run side by side.
-    COURSE_TENSORBOARD=0 turns it off.
+    """TensorBoard event files in the run's log dir. Per epoch: epoch/* (losses, accuracies, lr,
+    samples/s, seconds), x = the epoch; per logged step (--log-interval): step/train_loss, x = steps
+    since the start of the run. Written by the rank that writes the run's files, and for the step
+    losses by the rank that prints them (the last pipeline stage). `tensorboard --logdir runs` shows
+    every run side by side. COURSE_TENSORBOARD=0 turns it off.
 
-    The records are written here (TFRecord framing around tensorboard's Event protobuf), not with tensorboard's
-    or torch's SummaryWriter: their event writer imports TensorFlow when it is installed, which would load
-    TensorFlow into every PyTorch lesson (tens of seconds on a busy machine)."""
+    The records are written here (TFRecord framing around tensorboard's Event protobuf), not with
+    tensorboard's or torch's SummaryWriter: their event writer imports TensorFlow when it is
+    installed, which would load TensorFlow into every PyTorch lesson (tens of seconds on a busy
+    machine)."""
 
     _dir = None
     _file = None
-    EPOCH_KEYS = ("train_loss", "train_acc", "test_loss", "test_acc", "lr", "samples_per_s", "epoch_time_s")
+    EPOCH_KEYS = ("train_loss", "train_acc", "test_loss", "test_acc", "lr", "samples_per_s",
+                  "epoch_time_s")
 
     @staticmethod
     def enabled():
-        return os.environ.get("COURSE_TENSORBOARD", "1").strip().lower() not in ("0", "off", "false", "no")
+        value = os.environ.get("COURSE_TENSORBOARD", "1").strip().lower()
+        return value not in ("0", "off", "false", "no")
 
     @classmethod
     def open(cls, log_dir, is_main):
@@ -421,13 +456,14 @@ class Board:
             cls._write(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2"))
             atexit.register(cls.close)  # a run that stops early still leaves its last steps on disk
         event_pb2, summary_pb2 = cls._proto
-        summary = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=tag, simple_value=float(v))
-                                             for tag, v in values.items()])
+        summary = summary_pb2.Summary(value=[
+            summary_pb2.Summary.Value(tag=tag, simple_value=float(v)) for tag, v in values.items()])
         cls._write(event_pb2.Event(wall_time=time.time(), step=int(step), summary=summary))
 
     @classmethod
     def epoch(cls, metrics):
-        cls._scalars(metrics["epoch"], {f"epoch/{k}": metrics[k] for k in cls.EPOCH_KEYS if k in metrics})
+        values = {f"epoch/{k}": metrics[k] for k in cls.EPOCH_KEYS if k in metrics}
+        cls._scalars(metrics["epoch"], values)
         if cls._file is not None:
             cls._file.flush()  # an epoch is visible in TensorBoard as soon as it is printed
 

@@ -180,7 +180,8 @@ def main():
         gradient_predivide_factor=args.gradient_predivide_factor, backward_passes_per_step=A)
     checkpoint = Path(args.checkpoint_dir or Path(log_dir) / "checkpoints") / "checkpoint.pt"
     first_epoch = 1
-    if resuming(args) and env.is_main:  # [8] rank 0 reads the checkpoint; [5] hands it to every rank
+    # [8] rank 0 reads the checkpoint; [5] hands it to every rank
+    if resuming(args) and env.is_main:
         state = load_checkpoint(checkpoint, env.device)
         first_epoch = restore(model, optimizer, state, checkpoint) + 1
         log.info(f"resumed from {checkpoint}: continuing at epoch {first_epoch}")
