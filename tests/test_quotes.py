@@ -13,7 +13,7 @@ import re
 
 import pytest
 
-from conftest import ROOT
+from support import ROOT
 
 # A README and the lesson files it quotes from.
 QUOTING = {
@@ -107,3 +107,30 @@ def test_the_rule_catches_a_stale_quote():
     assert not found("model = DDP(model, device_ids=[env.local_rank] if env.device.startswith(\"cuda\") "
                      "else None)", code)
     assert found("dist.init_process_group(backend, ..., timeout=timedelta(seconds=args.dist_timeout),", code)
+
+
+# A stack frame quoted in the notes (py-spy's or a traceback's `path/to/file.py:LINE function`) points at a line
+# inside that function of the repository's file as it is now: a rewrap of the code must move the notes too.
+FRAME = re.compile(r"^\s+((?:DDP|horovod|deepspeed|zero|model_parallel|utils|tests|diagnose)/[\w/]+\.py):(\d+) "
+                   r"(\w+|<module>)\s*$", re.M)
+
+
+def frames_in_notes():
+    for md in sorted(ROOT.glob("**/*.md")):
+        if ".venv" in md.parts:
+            continue
+        for match in FRAME.finditer(md.read_text()):
+            yield pytest.param(md.relative_to(ROOT), *match.groups(), id=f"{md.relative_to(ROOT)}:{match.group(0)}")
+
+
+@pytest.mark.parametrize("note, path, line, function", list(frames_in_notes()))
+def test_a_quoted_stack_frame_is_inside_its_function(note, path, line, function):
+    import ast
+    tree = ast.parse((ROOT / path).read_text())
+    line = int(line)
+    if function == "<module>":
+        assert any(node.lineno <= line <= node.end_lineno for node in tree.body), (note, path, line)
+        return
+    spans = [(node.lineno, node.end_lineno) for node in ast.walk(tree)
+             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == function]
+    assert any(start <= line <= end for start, end in spans), f"{note}: {path}:{line} is not in {function}() {spans}"

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from support import ROOT
 
 # Lessons and the utils/ modules they import: 100 columns (the .ruff.toml in their folders). Everything else: 120.
 LESSONS = ["DDP/main.py", "horovod/pytorch/main.py", "horovod/tensorflow/main.py",

@@ -243,8 +243,8 @@ def default_log_dir(script_name):
 
 
 def atomic_write(path, write_fn, mode="w"):
-    """Write via a temporary file in the same folder, fsync, then rename: a crash leaves the old file
-    intact."""
+    """Write via a temporary file in the same folder, fsync, then rename: a crash leaves the old
+    file intact."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-" + os.path.basename(path))
@@ -299,17 +299,15 @@ class RunLog:
             self.history = [json.loads(line) for line in f if line.strip()]
         self.history = [m for m in self.history if m["epoch"] < first_epoch]
         if self.is_main:
-            self._write_metrics()
-
-    def _write_metrics(self):
-        atomic_write(self.metrics_path,
-                     lambda f: f.writelines(json.dumps(m) + "\n" for m in self.history))
+            atomic_write(self.metrics_path,
+                         lambda f: f.writelines(json.dumps(m) + "\n" for m in self.history))
 
     def epoch(self, metrics):
         self.history.append(metrics)
         if self.is_main:
             # Rewritten whole and renamed, so a kill never leaves half a line behind.
-            self._write_metrics()
+            atomic_write(self.metrics_path,
+                         lambda f: f.writelines(json.dumps(m) + "\n" for m in self.history))
             Board.epoch(metrics)
         info(format_epoch(metrics))
 
