@@ -13,6 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent  # the venv's bin: torchrun, mpiexec, horovodrun, deepspeed
 sys.path.append(str(ROOT))  # after site-packages: `import horovod` stays the library
+from utils.dist import free_port  # noqa: F401  (the tests import it from here)
 from utils.tools.launch import launch_command
 
 
