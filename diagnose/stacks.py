@@ -160,9 +160,16 @@ def short(path):
         return path
 
 
+def is_course_code(path):
+    """A file of this repository, not an installed library (a venv inside the checkout holds those too)."""
+    relative = short(path)
+    return relative != path and not any(part in ("site-packages", "dist-packages")
+                                        for part in Path(relative).parts)
+
+
 def where(frames):
     """(the call it is in, the course's innermost line): ('barrier', 'DDP/main.py:56')."""
-    mine = next((i for i, f in enumerate(frames) if short(f[1]) != f[1]), None)
+    mine = next((i for i, f in enumerate(frames) if is_course_code(f[1])), None)
     if mine is None:
         return (frames[0][0] if frames else "?"), "?"
     library = [
@@ -201,7 +208,7 @@ def report(found, full=False, out=sys.stdout):
             call, line = where(frames)
             print(f"rank {rank} (pid {pid}, {STATES.get(st, st)}): in {call} at {line}", file=out)
             for name, file, lineno in (
-                frames if full else [f for f in frames if short(f[1]) != f[1]]
+                frames if full else [f for f in frames if is_course_code(f[1])]
             ):
                 print(f"    {short(file)}:{lineno} {name}", file=out)
             places[line].append(rank)
