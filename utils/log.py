@@ -71,9 +71,9 @@ def note_args(args):
 
 
 def note_new_folder(path):
-    """Remember the outermost folder of `path` that does not exist yet: if the run fails before any
-    result is in it (nothing but config.json), run_main removes it again, so a failed start leaves
-    no debris."""
+    """Remember the outermost folder of `path` that does not exist yet: if the run fails before
+    any result is in it (nothing but config.json and TensorBoard's events), run_main removes it
+    again, so a failed start leaves no debris."""
     if not path:
         return
     folder, top = os.path.abspath(path), None
@@ -84,7 +84,10 @@ def note_new_folder(path):
 
 
 def _holds_results(folder):
-    return any(name != "config.json" and not name.startswith(".tmp-")
+    """A result: anything but the run's config, a half-written temporary file, or TensorBoard's events
+    (step losses are written before the first epoch ends)."""
+    skipped = (".tmp-", "events.out.tfevents.")
+    return any(name != "config.json" and not name.startswith(skipped)
                for _, _, files in os.walk(folder) for name in files)
 
 
