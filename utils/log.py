@@ -84,8 +84,8 @@ def note_new_folder(path):
 
 
 def _holds_results(folder):
-    """A result: anything but the run's config, a half-written temporary file, or TensorBoard's events
-    (step losses are written before the first epoch ends)."""
+    """A result: anything but the run's config, a half-written temporary file, or TensorBoard's
+    events (step losses are written before the first epoch ends)."""
     skipped = (".tmp-", "events.out.tfevents.")
     return any(name != "config.json" and not name.startswith(skipped)
                for _, _, files in os.walk(folder) for name in files)
