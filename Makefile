@@ -7,13 +7,13 @@ export PYTHONUNBUFFERED := 1
 # TensorFlow's INFO/WARNING banner on every import (oneDNN, CPU features) hides the lesson's output.
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: help setup doctor demo test bench figures clean slurm-up slurm-down
+.PHONY: help setup doctor demo test test-all bench figures clean slurm-up slurm-down
 
 help:
 	@echo "make setup    build .venv: pinned torch/TF/DeepSpeed/MPI, Horovod compiled once and cached"
 	@echo "make doctor   what this machine can run (exit 1 if something the examples need is missing)"
 	@echo "make demo     every example on 2 CPU ranks over real MNIST digits, then a results table"
-	@echo "make test     the test suite (what CI runs)"
+	@echo "make test     the test suite (what CI runs); make test-all adds the longest end-to-end runs"
 	@echo "make bench    throughput of every framework at 1 and 2 ranks (QUICK=1 for a short run)"
 	@echo "make figures  scaling study and learning-rate lesson figures into runs/figures/ (OUT=assets: into the notes)"
 	@echo "make slurm-up   a 2-node Slurm cluster on this machine (root; installs Slurm), for real sbatch jobs"
@@ -30,6 +30,10 @@ demo: setup
 	@$(PY) utils/tools/demo.py
 
 test: setup
+	$(PY) -m pytest tests -m "not long"
+
+# Everything, the longest end-to-end runs included (about 30 more minutes on 2 cores).
+test-all: setup
 	$(PY) -m pytest tests
 
 bench: setup

@@ -132,6 +132,7 @@ def test_the_ranks_are_found_by_script_and_log_dir_not_the_launcher(tmp_path):
             proc.wait()
 
 
+@pytest.mark.long  # `make test-all`; not in `make test` (CI's time)
 def test_quick_mode_emits_every_field(tmp_path):
     out = tmp_path / "latest.json"
     check(run(python("utils/tools/bench.py", "--quick", "--out", out), timeout=900))
@@ -181,6 +182,7 @@ def test_quick_mode_emits_every_field(tmp_path):
     assert sum(fractions.values()) == pytest.approx(1.0)
 
 
+@pytest.mark.long  # `make test-all`; not in `make test` (CI's time)
 def test_every_round_is_measured_in_full(tmp_path):
     """Two rounds: the second must measure everything the first did (an earlier bench let round 2 reuse
     round 1's log folders, and its 2-rank CPU samples went missing), and the report takes medians over both.

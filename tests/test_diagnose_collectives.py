@@ -66,4 +66,7 @@ def test_the_ring_fit_recovers_a_known_alpha_and_beta():
 
 def test_a_bad_size_is_one_error_line_on_every_rank():
     result = run(torchrun(2, TOOL, "--min-size", "2"), timeout=120)
-    assert result.returncode != 0 and len(error_lines(result.stderr)) == 2, result.stderr
+    # torchrun stops the other rank as soon as one fails: it may end before printing its own line
+    errors = error_lines(result.stderr)
+    assert result.returncode != 0 and 1 <= len(errors) <= 2, result.stderr
+    assert all("--min-size" in e for e in errors), errors

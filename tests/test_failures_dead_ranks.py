@@ -16,6 +16,8 @@ from failures_support import (
 )
 from support import error_lines, horovodrun, torchrun
 
+pytestmark = pytest.mark.long  # `make test-all`; not in `make test` (CI's time)
+
 
 @pytest.mark.parametrize("script,launcher", KILL_LAUNCHES)
 def test_sigkill_of_one_rank_ends_the_whole_job(tmp_path, script, launcher):

@@ -20,6 +20,8 @@ from failures_support import (  # noqa: F401  (fixtures)
 )
 from support import error_lines, launch_command, metrics, python, run, summary, torchrun
 
+pytestmark = pytest.mark.long  # `make test-all`; not in `make test` (CI's time)
+
 
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_same_command_twice_gives_identical_metrics(tmp_path, tiny, straight_run, script):

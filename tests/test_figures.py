@@ -130,6 +130,7 @@ EXPECTED = ["diagram_parallelism", "diagram_allreduce", "scaling_speedup", "scal
             "scaling_epoch_time", "scaling_accuracy", "scaling_batch_efficiency", "lr_lesson"]
 
 
+@pytest.mark.long  # `make test-all`; not in `make test` (CI's time)
 def test_make_figures_runs_quick_then_replots(tmp_path):
     """`python utils/tools/figures.py` (what `make figures` calls) end to end, then `--replot` from its logs."""
     out, runs = tmp_path / "assets", tmp_path / "runs"

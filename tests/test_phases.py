@@ -171,6 +171,7 @@ def test_phases_refuses_tensorflow_and_versus(argv, capsys):
     assert exc.value.code == 2 and "--phases times the PyTorch examples" in capsys.readouterr().err
 
 
+@pytest.mark.long  # `make test-all`; not in `make test` (CI's time)
 def test_phases_quick_times_every_pytorch_example_under_its_launcher(tmp_path):
     """End to end under torchrun, horovodrun and deepspeed: rank 0's phases at 1 and 2 ranks, means that add up
     to the step, and the communication where each framework puts it."""

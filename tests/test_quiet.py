@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 import torch
 
 from support import BIN, ROOT, check, horovodrun, python, run, torchrun
@@ -25,6 +26,7 @@ def lines(result):
     return (result.stdout + result.stderr).splitlines()
 
 
+@pytest.mark.long  # `make test-all`; not in `make test` (CI's time)
 def test_zero3_under_torchrun_prints_few_lines_and_verbose_brings_the_noise_back(tmp_path):
     """The issue's run: 2 ranks of ZeRO-3 under torchrun printed 533 lines, 248 of them torch's FutureWarnings
     about the collectives DeepSpeed calls. Quiet: 22 lines here for 20 steps (4 of them torchrun's own)."""
@@ -42,6 +44,7 @@ def test_zero3_under_torchrun_prints_few_lines_and_verbose_brings_the_noise_back
     assert len(lines(loud)) > len(out)
 
 
+@pytest.mark.long  # `make test-all`; not in `make test` (CI's time)
 def test_tensorflow_under_horovodrun_prints_no_banner_per_rank(tmp_path):
     """`horovodrun -np 2 python horovod/tensorflow/main.py` from a bare shell: no rank prints TensorFlow's
     CPU-feature, oneDNN or absl lines (the lines horovodrun prints itself, unprefixed, are Horovod's)."""
@@ -58,6 +61,7 @@ def test_tensorflow_under_horovodrun_prints_no_banner_per_rank(tmp_path):
     assert ranks == {"0", "1"}, loud.stderr[-3000:]
 
 
+@pytest.mark.long  # `make test-all`; not in `make test` (CI's time)
 def test_horovodrun_mpi_keeps_lines_whole(tmp_path):
     """With PYTHONUNBUFFERED=1 (the Makefile's) print() wrote its text and newline apart and MPICH's `mpiexec -l`
     cut most progress lines in two (`[0] epoch 1 step 2/60 loss 2.3213[0] `); line-buffered output keeps them
