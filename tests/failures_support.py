@@ -201,3 +201,30 @@ def remove_the_half_written_file(folder, pattern):
     assert len(partial) == 1 and partial[0].stat().st_size > 0, partial
     partial[0].unlink()
 
+
+# Many command lines of one lesson in one process (runpy), each's exit code and stderr: a table of bad
+# flags costs one interpreter start, not one per row.
+_ROWS_DRIVER = """
+import contextlib, io, json, runpy, sys
+script, rows = sys.argv[1], json.loads(sys.argv[2])
+results = []
+for row in rows:
+    sys.argv = [script] + row
+    err = io.StringIO()
+    code = "finished"
+    with contextlib.redirect_stderr(err):
+        try:
+            runpy.run_path(script, run_name="__main__")
+        except SystemExit as exc:
+            code = exc.code
+    results.append({"code": code, "stderr": err.getvalue()})
+print("RESULTS " + json.dumps(results))
+"""
+
+
+def run_rows(script, rows, timeout=240):
+    """[{"code": exit code, "stderr": text}] for `script` run with each row of flags, in one process."""
+    result = run([sys.executable, "-c", _ROWS_DRIVER, str(ROOT / script), json.dumps(rows)], timeout=timeout)
+    assert result.returncode == 0, result.stderr[-3000:]
+    line = next(line for line in result.stdout.splitlines() if line.startswith("RESULTS "))
+    return json.loads(line[len("RESULTS "):])

@@ -1,5 +1,4 @@
 """Bad flags, data, checkpoints and world sizes: one `error:` line per rank, exit 2, nothing half-written."""
-import json
 import os
 import sys
 
@@ -15,10 +14,11 @@ from failures_support import (
     SCRIPTS,
     assert_log_dir_sound,
     checked,
+    run_rows,
     tiny,  # noqa: F401  (fixtures)
     write_idx_set,
 )
-from support import ROOT, error_lines, mpiexec, python, run
+from support import error_lines, mpiexec, python, run
 
 BAD_FLAGS = [  # (flag and value, words the error line must contain): every common flag of utils/parse_args.py
     (["--epochs", "0"], "--epochs"), (["--batch-size", "-1"], "--batch-size"),
@@ -33,33 +33,14 @@ BAD_FLAGS = [  # (flag and value, words the error line must contain): every comm
 ]
 # One process per script runs the whole table: it executes the script's __main__ once per row and captures
 # what that row prints on stderr and the exit code (all are argparse or early checks: nothing has started).
-DRIVER = """
-import contextlib, io, json, runpy, sys
-script, prefix, rows = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
-results = []
-for row in rows:
-    sys.argv = [script] + prefix + row
-    err = io.StringIO()
-    code = "finished"
-    with contextlib.redirect_stderr(err):
-        try:
-            runpy.run_path(script, run_name="__main__")
-        except SystemExit as exc:
-            code = exc.code
-    results.append({"code": code, "stderr": err.getvalue()})
-print("RESULTS " + json.dumps(results))
-"""
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_every_common_flag_with_a_bad_value_is_one_line_and_exit_2(tmp_path, tiny, script):
     # The valid flags come first: a bad value after them wins, and if it were accepted the run would be short.
     prefix = ["--epochs", "1", "--max-steps", "1", "--data-dir", str(tiny), "--log-dir", str(tmp_path / "log")]
-    result = run([sys.executable, "-c", DRIVER, str(ROOT / script), json.dumps(prefix),
-                  json.dumps([flags for flags, _ in BAD_FLAGS])], timeout=240)
-    assert result.returncode == 0, result.stderr[-3000:]
-    line = next(line for line in result.stdout.splitlines() if line.startswith("RESULTS "))
-    for (flags, words), outcome in zip(BAD_FLAGS, json.loads(line[len("RESULTS "):])):
+    outcomes = run_rows(script, [prefix + flags for flags, _ in BAD_FLAGS])
+    for (flags, words), outcome in zip(BAD_FLAGS, outcomes):
         errors = error_lines(outcome["stderr"])
         assert outcome["code"] == 2, (flags, outcome)
         assert len(errors) == 1 and words in errors[0], (flags, outcome["stderr"])

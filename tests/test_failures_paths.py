@@ -3,14 +3,12 @@ that is not finite or a backend this process cannot use is one `error:` line per
 flag, exit 2, before anything starts, and nothing is created; a thread count above the cores is one
 warning line."""
 
-import json
 import os
 import re
-import sys
 
 import pytest
 
-from failures_support import DDP, DS, HVD_TF, HVD_TORCH, KERAS, tiny  # noqa: F401  (a fixture)
+from failures_support import DDP, DS, HVD_TF, HVD_TORCH, KERAS, run_rows, tiny  # noqa: F401  (a fixture)
 from support import ROOT, deepspeed_launcher, error_lines, horovodrun, mpiexec, run, torchrun
 
 ZERO, TP, PP = (
@@ -80,22 +78,6 @@ def rows_for(script):
 # One process per lesson runs its whole table: it executes the lesson's __main__ once per row and
 # keeps what
 # that row printed on stderr and its exit code (all refusals come before anything starts).
-DRIVER = """
-import contextlib, io, json, runpy, sys
-script, rows = sys.argv[1], json.loads(sys.argv[2])
-results = []
-for row in rows:
-    sys.argv = [script] + row
-    err = io.StringIO()
-    code = "finished"
-    with contextlib.redirect_stderr(err):
-        try:
-            runpy.run_path(script, run_name="__main__")
-        except SystemExit as exc:
-            code = exc.code
-    results.append({"code": code, "stderr": err.getvalue()})
-print("RESULTS " + json.dumps(results))
-"""
 
 
 @pytest.mark.parametrize("script", [DDP, HVD_TORCH, HVD_TF, KERAS, DS, ZERO, TP, PP])
@@ -111,10 +93,7 @@ def test_every_unusable_path_and_non_finite_float_is_one_line_exit_2_and_creates
     )
     table = rows_for(script)
     rows = [[flag.format(**names) for flag in flags] for flags, _ in table]
-    result = run([sys.executable, "-c", DRIVER, str(ROOT / script), json.dumps(rows)], timeout=240)
-    assert result.returncode == 0, result.stderr[-3000:]
-    line = next(line for line in result.stdout.splitlines() if line.startswith("RESULTS "))
-    for (flags, words), outcome in zip(table, json.loads(line[len("RESULTS ") :])):
+    for (flags, words), outcome in zip(table, run_rows(script, rows)):
         errors = error_lines(outcome["stderr"])
         assert outcome["code"] == 2, (script, flags, outcome)
         assert len(errors) == 1 and words in errors[0], (script, flags, outcome["stderr"])

@@ -59,7 +59,9 @@ def slurm():
             # Only a machine that cannot have Slurm (not root, no apt-get) is a reason to skip; under CI never.
             if os.environ.get("CI", "").lower() == "true" or not reason.startswith("error: cannot bring up Slurm"):
                 pytest.fail(f"the Slurm cluster did not come up: {reason}\n{result.stdout[-2000:]}")
-            # not run, with the reason shown: e.g. a laptop without root; CI (root, apt-get) always runs them
+            # Why a skip here hides no broken path: these tests need root and apt-get to start Slurm's
+            # daemons, which a laptop may not give; the failure above covers every other reason, and under
+            # CI (root, apt-get) a cluster that does not come up fails instead of skipping.
             pytest.skip(f"no Slurm cluster on this machine ({reason}); as root with apt-get, or under CI, "
                         "these tests run")
         started = True
