@@ -80,18 +80,31 @@ def horovodrun(nproc, script, *args, controller="--gloo"):
     return launch_command(script, nproc, "horovodrun" if controller == "--gloo" else "horovodrun-mpi", args)
 
 
+READ_EVENTS = """
+import json, sys
+from pathlib import Path
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+found = {}
+for path in sys.argv[1:]:
+    acc = EventAccumulator(path, size_guidance={"scalars": 0})
+    acc.Reload()
+    for tag in acc.Tags()["scalars"]:
+        found.setdefault(tag, {}).update({e.step: e.value for e in acc.Scalars(tag)})
+print(json.dumps(found))
+"""
+
+
 def event_scalars(log_dir):
     """(event files, {tag: {step: value}}) from the TensorBoard event files in log_dir, read with
-    TensorBoard's own reader."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    found = {}
+    TensorBoard's own reader in a child process: that reader imports TensorFlow, and TensorFlow and
+    triton (which torch loads lazily) crash a process that holds both (see conftest.py)."""
     files = sorted(Path(log_dir).glob("events.out.tfevents.*"))
-    for path in files:
-        acc = EventAccumulator(str(path), size_guidance={"scalars": 0})
-        acc.Reload()
-        for tag in acc.Tags()["scalars"]:
-            found.setdefault(tag, {}).update({e.step: e.value for e in acc.Scalars(tag)})
-    return files, found
+    if not files:
+        return files, {}
+    result = run([sys.executable, "-c", READ_EVENTS, *files], timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    return files, {tag: {int(step): value for step, value in steps.items()} for tag, steps in found.items()}
 
 
 def assert_event_epochs(log_dir):
