@@ -30,7 +30,7 @@ demo: setup
 	@$(PY) utils/tools/demo.py
 
 test: setup
-	$(PY) -m pytest tests -m "not long"
+	$(PY) -m pytest tests -m "not long" --durations=20
 
 # Everything, the longest end-to-end runs included (about 30 more minutes on 2 cores).
 test-all: setup
