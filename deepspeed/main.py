@@ -58,6 +58,9 @@ def deepspeed_flags(parser):
     g.add_argument("--offload", action="store_true",
                    help="ZeRO-Offload: optimizer states and step on the CPU "
                         "(stage 1-3; DeepSpeedCPUAdam, a JIT-built op)")
+    g.add_argument("--load-universal", action="store_true",
+                   help="--resume from a universal checkpoint (made by deepspeed.checkpoint."
+                        "ds_to_universal): one that any number of ranks can load")
     # The deepspeed launcher adds --local_rank; the rank comes from the environment.
     parser.add_argument("--local_rank", "--local-rank", type=int, default=-1,
                         help=argparse.SUPPRESS)
@@ -181,8 +184,7 @@ def main():
         try:
             loaded, client_state = engine.load_checkpoint(checkpoint)
         except Exception as exc:  # truncated, or of another model / stage / world size
-            reason = str(exc).strip().splitlines()[0]
-            log.fail(f"--resume: checkpoint in {checkpoint} does not load: {reason}")
+            log.fail(ds_checkpoint.not_loaded(checkpoint, exc))  # says how to change world size
         if loaded is None:
             log.fail(f"--resume: no DeepSpeed checkpoint in {checkpoint} (no 'latest' file)")
         first_epoch = client_state["epoch"] + 1

@@ -1,16 +1,27 @@
 """A job whose world changes: a checkpoint written by 2 ranks continues at 1 and at 4 ranks (DDP,
-Horovod).
+Horovod; DeepSpeed ZeRO-3 through a universal checkpoint).
 
-The checkpoint holds the whole model and optimizer state once, so any world size loads it: the
-resumed run starts from exactly the saved weights (checked through the first epoch's checksum being
-carried over) and its metrics say the new world size."""
+DDP's and Horovod's checkpoint holds the whole model and optimizer state once, so any world size
+loads it: the resumed run starts from exactly the saved weights (checked through the first epoch's
+checksum being carried over) and its metrics say the new world size. ZeRO's checkpoint holds one
+slice per rank: another world size needs DeepSpeed's conversion to a universal checkpoint first."""
 
+import re
 import shutil
+import sys
 
 import pytest
 
-from failures_support import DDP, HVD_TORCH, checked, tiny  # noqa: F401  (tiny: a fixture)
-from support import horovodrun, metrics, run, torchrun
+from failures_support import (  # noqa: F401  (tiny: a fixture)
+    DDP,
+    DS,
+    HVD_TORCH,
+    assert_log_dir_sound,
+    checked,
+    tiny,
+    without_timing,
+)
+from support import error_lines, horovodrun, metrics, python, run, summary, torchrun
 
 FLAGS = ["--batch-size", "16", "--num-threads", "1", "--seed", "7", "--log-interval", "100"]
 
@@ -66,3 +77,60 @@ def test_a_checkpoint_of_2_ranks_continues_at_another_world_size(
     assert history[0] == metrics(written)[0]  # epoch 1 is the 2-rank run's, kept as it was
     # [4] the LR is scaled to the new world: base LR x ranks (no warmup)
     assert history[1]["lr"] == pytest.approx(history[0]["lr"] / 2 * ranks)
+
+
+@pytest.fixture(scope="module")
+def zero3_at_2(tmp_path_factory, tiny):
+    """One epoch of the DeepSpeed lesson at ZeRO stage 3 on 2 ranks: each rank's checkpoint files
+    hold its own slice of the parameters, gradients and Adam state."""
+    log_dir = tmp_path_factory.mktemp("zero3")
+    checked(run(torchrun(2, DS, *FLAGS, "--zero-stage", "3", "--epochs", "1", "--data-dir", tiny,
+                         "--log-dir", log_dir), timeout=300))
+    return log_dir
+
+
+def test_a_zero3_checkpoint_continues_at_1_2_and_4_ranks_after_the_conversion_its_error_names(
+        tmp_path, tiny, zero3_at_2):
+    """At 1 rank the ZeRO-3 checkpoint of 2 ranks is refused in one line that says how to convert
+    it; the conversion it names, run as printed, gives a universal checkpoint that continues at 1,
+    2 and 4 ranks, and at 2 ranks exactly as the original checkpoint does."""
+    def resume(ranks, log_dir, *extra):
+        cmd = (torchrun(ranks, DS, *FLAGS, "--zero-stage", "3", "--epochs", "2", "--resume",
+                        "--data-dir", tiny, "--log-dir", log_dir, *extra) if ranks > 1 else
+               python(DS, *FLAGS, "--zero-stage", "3", "--epochs", "2", "--resume", "--data-dir", tiny,
+                      "--log-dir", log_dir, *extra))
+        return run(cmd, timeout=300)
+
+    refused_dir = tmp_path / "refused"
+    shutil.copytree(zero3_at_2, refused_dir)
+    before = {p.relative_to(refused_dir): p.read_bytes() for p in refused_dir.rglob("*") if p.is_file()}
+    refused = resume(1, refused_dir)
+    errors = error_lines(refused.stderr)
+    assert refused.returncode == 2 and len(errors) == 1, refused.stderr[-3000:]
+    assert "Traceback" not in refused.stderr
+    assert_log_dir_sound(refused_dir, before)
+    said = re.search(r"python -m (deepspeed\.checkpoint\.ds_to_universal) --input_folder (\S+) "
+                     r"--output_folder (\S+), then add --checkpoint-dir (\S+) --load-universal", errors[0])
+    assert said, errors[0]
+    module, source, target, universal = said.groups()
+    checked(run([sys.executable, "-m", module, "--input_folder", source, "--output_folder", target],
+                timeout=300))
+
+    original = tmp_path / "original"  # the same world, from the checkpoint as written
+    shutil.copytree(zero3_at_2, original)
+    checked(resume(2, original))
+    for ranks in (1, 2, 4):
+        log_dir = tmp_path / f"at{ranks}"
+        shutil.copytree(zero3_at_2, log_dir, ignore=shutil.ignore_patterns("checkpoints"))
+        shutil.copytree(universal, log_dir / "universal")  # each run saves its epoch 2 beside it
+        result = checked(resume(ranks, log_dir, "--checkpoint-dir", log_dir / "universal",
+                                "--load-universal"))
+        assert "continuing at epoch 2" in result.stdout
+        history = metrics(log_dir)
+        assert [m["world_size"] for m in history] == [2, ranks]
+        assert history[0] == metrics(zero3_at_2)[0]
+        assert history[1]["lr"] == pytest.approx(history[0]["lr"] / 2 * ranks)  # [4] the new world
+        assert history[1]["train_loss"] < history[0]["train_loss"]  # it went on from epoch 1's weights
+        if ranks == 2:  # the conversion loses nothing: the same run as from the original files
+            assert without_timing(metrics(log_dir)) == without_timing(metrics(original))
+            assert summary(log_dir)["param_checksums"] == summary(original)["param_checksums"]

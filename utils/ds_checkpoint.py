@@ -11,6 +11,7 @@ weights_only=False (a checkpoint file can run code). Here:
   allowlisted.
 """
 import os
+from pathlib import Path
 
 import torch
 from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
@@ -47,3 +48,18 @@ def save(engine, folder, tag, client_state, is_main):
     engine.save_checkpoint(folder, tag=tag, client_state=client_state, save_latest=False)
     if is_main:
         atomic_write(os.path.join(folder, "latest"), lambda f: f.write(tag))
+
+
+def not_loaded(checkpoint, exc):
+    """The one line for a checkpoint that DeepSpeed's load_checkpoint refused. ZeRO's partitions
+    belong to the ranks that wrote them, so another world size refuses them too: the line then says
+    how to convert them once into a universal checkpoint, which any world size loads."""
+    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    line = f"--resume: checkpoint in {checkpoint} does not load: {reason}"
+    latest = Path(checkpoint) / "latest"
+    if "world size" in reason and latest.is_file():
+        tag, universal = latest.read_text().strip(), Path(checkpoint).parent / "universal"
+        line += (f" Convert it once: python -m deepspeed.checkpoint.ds_to_universal --input_folder"
+                 f" {Path(checkpoint) / tag} --output_folder {universal / tag}, then add"
+                 f" --checkpoint-dir {universal} --load-universal (deepspeed/README.md)")
+    return line

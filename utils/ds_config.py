@@ -67,6 +67,10 @@ def read(args, world_size, default_path):
         # ZeRO-Offload is built for DeepSpeedCPUAdam (vectorised C++ Adam, the JIT op cpu_adam);
         # with "torch_adam" DeepSpeed would run torch's slower Adam on the CPU partitions instead.
         config.get("optimizer", {}).get("params", {}).pop("torch_adam", None)
+    if getattr(args, "load_universal", False) and not args.resume:
+        fail("--load-universal says what --resume loads: add --resume")
+    if getattr(args, "load_universal", False):  # what --resume loads: a universal checkpoint
+        config.setdefault("checkpoint", {})["load_universal"] = True
     needs_norm = args.offload or args.zero_stage not in (None, 1, 2)
     if zero.get("compute_grad_norm") is False and needs_norm:
         # The shipped file skips the gradient norm (below); DeepSpeed needs it at stages 0 and 3 and
@@ -155,3 +159,4 @@ def check(config, path):
     refused = norm_needed(parsed)
     if refused:
         fail(f"DeepSpeed config {path}: zero_optimization.compute_grad_norm false, but {refused}")
+
