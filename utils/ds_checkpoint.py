@@ -14,6 +14,11 @@ import os
 from pathlib import Path
 
 import torch
+from deepspeed.checkpoint.constants import (
+    UNIVERSAL_CHECKPOINT_INFO,
+    UNIVERSAL_CHECKPOINT_VERSION_KEY,
+    UNIVERSAL_CHECKPOINT_VERSION_VALUE,
+)
 from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
 
 from utils.log import atomic_write
@@ -44,7 +49,12 @@ def use_safe_checkpoints(engine):
 
 
 def save(engine, folder, tag, client_state, is_main):
-    """A collective: every rank writes its files of `tag`; then rank 0 points `latest` at it."""
+    """A collective: every rank writes its files of `tag`; then rank 0 points `latest` at it.
+    `universal_checkpoint_info` is what DeepSpeed's converter to a universal checkpoint
+    (ds_to_universal, for another world size) requires of ZeRO-1 and -2 files: it is the client's
+    to write, and without it the conversion stops with an assertion."""
+    client_state = {**client_state, UNIVERSAL_CHECKPOINT_INFO: {
+        UNIVERSAL_CHECKPOINT_VERSION_KEY: UNIVERSAL_CHECKPOINT_VERSION_VALUE}}
     engine.save_checkpoint(folder, tag=tag, client_state=client_state, save_latest=False)
     if is_main:
         atomic_write(os.path.join(folder, "latest"), lambda f: f.write(tag))
