@@ -11,8 +11,9 @@ import pytest
 from failures_support import DDP, DS, HVD_TF, HVD_TORCH, KERAS, run_rows, tiny  # noqa: F401  (a fixture)
 from support import ROOT, deepspeed_launcher, error_lines, horovodrun, mpiexec, run, torchrun
 
-ZERO, TP, PP = (
+ZERO, FSDP_CKPT, TP, PP = (
     "zero/main.py",
+    "zero/fsdp_checkpoint.py",
     "model_parallel/tensor_parallel.py",
     "model_parallel/pipeline_parallel.py",
 )
@@ -49,6 +50,13 @@ OWN_ROWS = {  # the flags of the lessons' own parsers
         (["--lr", "inf"], "--lr"),
         (["--json", "{new}/out.json", "--lr", "-inf"], "--lr"),
     ],
+    FSDP_CKPT: [
+        (["--checkpoint-dir", NO_WRITE], "--checkpoint-dir /proc/x: cannot write in /proc"),
+        (["--checkpoint-dir", "{file}"], "is not a folder"),
+        (["--checkpoint-dir", "{new}", "--resume"], "--resume: no checkpoint in"),
+        (["--checkpoint-dir", "{new}", "--json", "{dir}"], "is a folder"),
+        (["--checkpoint-dir", "{new}", "--lr", "nan"], "--lr"),
+    ],
     DS: [
         (["--deepspeed_config", "{new}/ds.json"], "--deepspeed_config"),
         (["--log-dir", "{new}", "--lr", "1e999"], "--lr"),
@@ -70,8 +78,8 @@ OWN_ROWS = {  # the flags of the lessons' own parsers
 
 
 def rows_for(script):
-    if script == ZERO:
-        return OWN_ROWS[ZERO]
+    if script in (ZERO, FSDP_CKPT):
+        return OWN_ROWS[script]
     return COMMON_ROWS + (TORCH_ROWS if script in TORCH_LESSONS else []) + OWN_ROWS.get(script, [])
 
 
@@ -80,7 +88,7 @@ def rows_for(script):
 # that row printed on stderr and its exit code (all refusals come before anything starts).
 
 
-@pytest.mark.parametrize("script", [DDP, HVD_TORCH, HVD_TF, KERAS, DS, ZERO, TP, PP])
+@pytest.mark.parametrize("script", [DDP, HVD_TORCH, HVD_TF, KERAS, DS, ZERO, FSDP_CKPT, TP, PP])
 def test_every_unusable_path_and_non_finite_float_is_one_line_exit_2_and_creates_nothing(
     tmp_path, script
 ):

@@ -6,6 +6,7 @@ loads it: the resumed run starts from exactly the saved weights (checked through
 checksum being carried over) and its metrics say the new world size. ZeRO's checkpoint holds one
 slice per rank: another world size needs DeepSpeed's conversion to a universal checkpoint first."""
 
+import json
 import re
 import shutil
 import sys
@@ -136,3 +137,40 @@ def test_a_zero_checkpoint_continues_at_another_world_size_after_the_conversion_
         if ranks == 2:  # the conversion loses nothing: the same run as from the original files
             assert without_timing(metrics(log_dir)) == without_timing(metrics(original))
             assert summary(log_dir)["param_checksums"] == summary(original)["param_checksums"]
+
+
+FSDP = "zero/fsdp_checkpoint.py"
+
+
+def test_an_fsdp2_checkpoint_of_2_ranks_loads_whole_at_1_and_4_ranks(tmp_path):
+    """torch.distributed.checkpoint: each rank of 2 writes its shards; 1 and 4 ranks read the slices
+    their own shards cover. The whole model and Adam state, gathered, hash the same after the load
+    as when saved, and training goes on from the saved step."""
+    def fsdp(ranks, folder, *extra):
+        flags = ["--hidden", "128", "--steps", "2", "--checkpoint-dir", folder, "--json",
+                 folder / "result.json", *extra]
+        return checked(run(torchrun(ranks, FSDP, *flags) if ranks > 1 else python(FSDP, *flags),
+                           timeout=300))
+
+    fsdp(2, tmp_path / "at2")
+    saved = json.loads((tmp_path / "at2" / "result.json").read_text())
+    assert saved["world_size"] == 2 and saved["step"] == 2
+    for ranks in (1, 4):
+        folder = tmp_path / f"at{ranks}"
+        shutil.copytree(tmp_path / "at2", folder)
+        result = fsdp(ranks, folder, "--resume")
+        loaded = json.loads((folder / "result.json").read_text())
+        assert loaded["written_by"] == 2 and loaded["world_size"] == ranks
+        assert loaded["loaded_checksum"] == saved["saved_checksum"]
+        assert loaded["step"] == 4 and "step 3  loss" in result.stdout
+        assert (folder / "latest").read_text() == "step4"
+
+
+def test_fsdp2_resume_without_a_checkpoint_is_one_line_on_every_rank(tmp_path):
+    result = run(torchrun(2, FSDP, "--checkpoint-dir", tmp_path / "none", "--resume"), timeout=120)
+    assert result.returncode != 0
+    output = result.stdout + result.stderr
+    errors = error_lines(output)
+    assert len(errors) == 2 and all("--resume: no checkpoint in" in line for line in errors), errors
+    assert 'fsdp_checkpoint.py", line' not in output  # torchrun's own report is torchrun's
+    assert not (tmp_path / "none").exists()

@@ -18,6 +18,7 @@ LESSONS = {  # script: the README that explains its lines
     "horovod/tensorflow/keras_main.py": "horovod/tensorflow/README.md",
     "deepspeed/main.py": "deepspeed/README.md",
     "zero/main.py": "zero/README.md",
+    "zero/fsdp_checkpoint.py": "zero/README.md",
     "model_parallel/tensor_parallel.py": "model_parallel/README.md",
     "model_parallel/pipeline_parallel.py": "model_parallel/README.md",
 }

@@ -12,7 +12,7 @@ from support import ROOT
 # Lessons and the utils/ modules they import: 100 columns (the .ruff.toml in their folders). Everything else: 120.
 LESSONS = ["DDP/main.py", "horovod/pytorch/main.py", "horovod/tensorflow/main.py",
            "horovod/tensorflow/keras_main.py", "deepspeed/main.py", "zero/main.py", "zero/census.py",
-           "zero/report.py", "model_parallel/common.py", "model_parallel/tensor_parallel.py",
+           "zero/report.py", "zero/fsdp_checkpoint.py", "model_parallel/common.py", "model_parallel/tensor_parallel.py",
            "model_parallel/pipeline_parallel.py"]
 UTILS = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "utils").glob("*.py"))
 FRAMEWORKS = ("torch", "tensorflow", "tf_keras", "keras", "horovod", "deepspeed")

@@ -1,0 +1,178 @@
+#!/usr/bin/env python
+"""FSDP2's checkpoint, written by some number of ranks and continued by another:
+torch.distributed.checkpoint (DCP).
+
+    torchrun --nproc_per_node 2 zero/fsdp_checkpoint.py --checkpoint-dir runs/fsdp    # saves
+    python zero/fsdp_checkpoint.py --checkpoint-dir runs/fsdp --resume                 # 1 rank
+    torchrun --nproc_per_node 4 zero/fsdp_checkpoint.py --checkpoint-dir runs/fsdp --resume
+
+Every rank writes only its own shards (a file per rank, and a .metadata file that says which slice
+of which tensor each file holds); on load every rank reads just the slices its new shards cover.
+That is why a job written at one world size can continue at another: the next job may get another
+number of nodes. The numbers [1]-[8] are the course's recipe (README.md, "The recipe");
+zero/README.md explains this script.
+"""
+import argparse
+import hashlib
+import os
+import sys
+from datetime import timedelta
+from itertools import islice
+from pathlib import Path
+
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # the repo root *after* site-packages
+import utils
+
+# Before torch: lines of the libraries that teach nothing are filtered (utils/quiet.py).
+utils.course_output()
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
+from torch.distributed.fsdp import fully_shard
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+
+from utils import data, log
+from utils import dist as course  # which variables each launcher sets
+from utils.parse_args import Parser, check_paths, non_negative_int, positive_float, positive_int
+
+
+def flags():
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--checkpoint-dir", required=True, help="where the checkpoints go")
+    p.add_argument("--resume", action="store_true", help="continue from --checkpoint-dir")
+    p.add_argument("--steps", type=positive_int, default=3, help="Adam steps in this run")
+    p.add_argument("--hidden", type=positive_int, default=512, help="width of the hidden layers")
+    p.add_argument("--batch-size", type=positive_int, default=32, help="digits per rank and step")
+    p.add_argument("--lr", type=positive_float, default=1e-3, help="Adam's learning rate")
+    p.add_argument("--seed", type=non_negative_int, default=0)
+    p.add_argument("--dist-timeout", type=positive_int, default=300,
+                   help="seconds before a collective gives up")
+    p.add_argument("--json", help="rank 0 writes the checksums and losses here")
+    return p
+
+
+def mlp(hidden):
+    return nn.Sequential(nn.Linear(784, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
+                         nn.Linear(hidden, 10), nn.LogSoftmax(dim=1))
+
+
+def checksum(model, optimizer):
+    """A hash of the whole model and Adam state, gathered from every rank's shards (a collective;
+    rank 0 gets the full tensors, the others an empty dict): equal across world sizes."""
+    full = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    state = {"model": get_model_state_dict(model, options=full),
+             "optim": get_optimizer_state_dict(model, optimizer, options=full).get("state", {})}
+    h = hashlib.sha256()
+
+    def visit(name, value):
+        if isinstance(value, dict):
+            for key in sorted(value):
+                visit(f"{name}.{key}", value[key])
+        elif isinstance(value, torch.Tensor):
+            h.update(name.encode() + value.detach().float().contiguous().numpy().tobytes())
+
+    visit("", state)
+    return h.hexdigest()[:16]
+
+
+def main():
+    parser = flags()
+    args = parser.parse_args()
+    check_paths(parser, args)  # bad input: one line, exit 2, on every rank, before any group
+    folder = Path(args.checkpoint_dir)
+    if args.resume and not (folder / "latest").is_file():
+        parser.error(f"--resume: no checkpoint in {folder} (no 'latest' file)")
+
+    # [1] Who am I? The launcher's variables give rank, local rank and world size (utils/dist.py).
+    env = course.export_rendezvous(course.discover())  # + MASTER_ADDR/PORT, where the ranks meet
+    if not env.distributed:  # fully_shard needs a process group, even of one
+        os.environ["MASTER_PORT"] = str(course.free_port())
+    log.configure(env.rank)
+    rank, n = env.rank, env.world_size
+    # [2] Pin this rank: on GPUs cuda:LOCAL_RANK; here the CPU, each rank its share of the cores.
+    torch.set_num_threads(course.threads_per_rank(None, env.local_world_size))
+    # [1] Start the process group (gloo between CPUs).
+    dist.init_process_group("gloo", timeout=timedelta(seconds=args.dist_timeout))
+
+    log.info(f"FSDP2 + torch.distributed.checkpoint on {n} rank(s) via {env.launcher}; "
+             f"MLP 784-{args.hidden}x2-10; {args.steps} Adam steps of {args.batch_size} digits "
+             f"per rank")
+    # [5] Wrap: every Linear a unit of its own, each rank holding 1/n of every parameter, and Adam
+    #     keeping state for this rank's shards only. fully_shard does not broadcast: rank 0's
+    #     weights first.
+    torch.manual_seed(args.seed)
+    model = mlp(args.hidden)
+    for param in model.parameters():
+        dist.broadcast(param.detach(), src=0)
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer)
+    fully_shard(model)
+    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
+
+    start, result = 0, {"world_size": n}
+    if args.resume:
+        tag = (folder / "latest").read_text().strip()
+        # [8] Load: this rank's (empty) shards say which slices it needs; DCP reads just those
+        #     from whichever files hold them, whatever the world size that wrote them.
+        model_state, optim_state = get_state_dict(model, optimizer)
+        state = {"model": model_state, "optim": optim_state, "meta": {"step": 0, "world_size": 0}}
+        dcp.load(state, checkpoint_id=folder / tag)
+        set_state_dict(model, optimizer, model_state_dict=state["model"],
+                       optim_state_dict=state["optim"])
+        start = state["meta"]["step"]
+        result.update(loaded_checksum=checksum(model, optimizer),
+                      written_by=state["meta"]["world_size"])
+        log.info(f"loaded {folder / tag}: step {start}, written by {result['written_by']} rank(s), "
+                 f"read by {n}; weights + Adam state checksum {result['loaded_checksum']}")
+
+    # [3] Shard the digits by global rank (each run a new shuffle: seeded by the step it starts at).
+    mnist = data.load_shipped()
+    train_set = TensorDataset(torch.from_numpy(data.normalized(mnist.x_train).reshape(-1, 784)),
+                              torch.from_numpy(mnist.y_train))
+    sampler = DistributedSampler(train_set, num_replicas=n, rank=rank, seed=args.seed)
+    sampler.set_epoch(start)
+    loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler, drop_last=True)
+    losses = []
+    for step, (x, y) in enumerate(islice(loader, args.steps), start + 1):
+        loss = F.nll_loss(model(x), y)
+        loss.backward()  # [6] each layer's gradient reduce-scattered into this rank's shard
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        total = loss.detach().clone()
+        dist.all_reduce(total)  # [7] the loss summed over ranks
+        losses.append(total.item() / n)
+        log.info(f"step {step}  loss {losses[-1]:.6f}")
+
+    # [8] Save: every rank writes its own shards (a collective); rank 0 writes .metadata last.
+    #     Into a new folder, and only then `latest` names it: a kill mid-save leaves the previous
+    #     checkpoint whole.
+    tag = f"step{start + args.steps}"
+    model_state, optim_state = get_state_dict(model, optimizer)
+    dcp.save({"model": model_state, "optim": optim_state,
+              "meta": {"step": start + args.steps, "world_size": n}}, checkpoint_id=folder / tag)
+    result.update(saved_checksum=checksum(model, optimizer), losses=losses,
+                  step=start + args.steps)
+    if rank == 0:
+        log.atomic_write(folder / "latest", lambda f: f.write(tag))
+        if args.json:
+            log.write_json(args.json, result)
+    log.info(f"saved {folder / tag} from {n} rank(s); weights + Adam state checksum "
+             f"{result['saved_checksum']}")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    log.run_main(main)
