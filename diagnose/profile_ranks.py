@@ -130,6 +130,7 @@ def profile(argv):
     trace = out / f"rank{rank}.trace.json"
     prof = torch.profiler.profile(
         activities=[ProfilerActivity.CPU],
+        record_shapes=True,  # the sizes of the collectives: what the ring model predicts from
         schedule=schedule(skip_first=args.skip, wait=0, warmup=1, active=10**6),
         on_trace_ready=lambda p: p.export_chrome_trace(str(trace)),
     )

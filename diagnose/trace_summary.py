@@ -234,12 +234,118 @@ def format_mfu(m):
     )
 
 
+ELEMENT_BYTES = {"float": 4, "double": 8, "long int": 8, "int": 4, "unsigned char": 1, "bool": 1,
+                 "c10::BFloat16": 2, "c10::Half": 2}
+
+
+def whole_bytes(op, event, n):
+    """S, the whole buffer as collectives.py (and nccl-tests) counts it, from the sizes the profiler
+    recorded (record_shapes): gloo's all_gather event holds one rank's part, the others the buffer."""
+    args = event.get("args", {})
+    dims, types = args.get("Input Dims") or [[]], args.get("Input type") or ["float"]
+    count = 1
+    for d in dims[0]:
+        count *= d
+    part = count * ELEMENT_BYTES.get(types[0], 4)
+    return part * n if op == "all_gather" else part
+
+
+def model_time(op, nbytes, n, alpha, beta):
+    """The front README's ring model with the alpha and beta collectives.py fitted to all_reduce,
+    applied to one call: all_reduce 2(N-1) hops, all_gather and reduce_scatter N-1, a send, a
+    receive or a broadcast one."""
+    if op == "all_reduce":
+        return 2 * (n - 1) * alpha + 2 * (n - 1) / n * nbytes / beta
+    if op in ("all_gather", "reduce_scatter"):
+        return (n - 1) * alpha + (n - 1) / n * nbytes / beta
+    return alpha + nbytes / beta
+
+
+def collective_calls(trace, n):
+    """{(op, S): [duration of gloo's span of each call, in order]} for the collectives of the
+    training steps, and the number of training steps. gloo's span runs on its own thread and holds
+    the wire and the waiting for the peers."""
+    events = [e for e in trace["traceEvents"] if e.get("ph") == "X" and "dur" in e]
+    steps = [e for e in events if e["name"].startswith("ProfilerStep#")]
+    if not steps:
+        return {}, 0
+    main = steps[0]["tid"]
+    backward = [float(e["ts"]) for e in events if e["tid"] == main and e["name"] == "phase:backward"]
+    windows = [(float(s["ts"]), float(s["ts"]) + float(s["dur"])) for s in steps]
+    windows = [(a, b) for a, b in windows if any(a <= t < b for t in backward)]  # training steps
+    groups = {}
+    for e in sorted(events, key=lambda e: float(e["ts"])):
+        if not e["name"].startswith("gloo:") or "Input Dims" not in e.get("args", {}):
+            continue
+        if any(a <= float(e["ts"]) < b for a, b in windows):
+            op = e["name"][5:]
+            groups.setdefault((op, whole_bytes(op, e, n)), []).append(float(e["dur"]) / 1e6)
+    return groups, len(windows)
+
+
+def collectives_table(per_rank, n, fit):
+    """One row per (op, S) that the step does (in at least every other step). A collective ends at
+    the same moment on every rank, so the rank that arrived last spent only the transfer in it: the
+    measured cost of call k is its shortest span over the ranks, and the row gives the median over
+    the calls. A send or a receive is one rank's: its span is given per rank, waits included."""
+    keys = sorted({k for groups, _ in per_rank.values() for k in groups}, key=lambda k: (k[0], -k[1]))
+    rows = []
+    for op, size in keys:
+        spans = {rank: groups.get((op, size), []) for rank, (groups, _) in per_rank.items()}
+        steps = max(count for _, count in per_rank.values())
+        calls = max(len(d) for d in spans.values())
+        if calls < 0.5 * steps:
+            continue
+        row = dict(op=op, bytes=size, calls_per_step=calls / steps,
+                   rank_median_s={r: statistics.median(d) for r, d in spans.items() if d},
+                   predicted_s=model_time(op, size, n, fit["alpha_s"], fit["beta_Bps"]))
+        if op not in ("send", "recv") and len({len(d) for d in spans.values()}) == 1:
+            row["measured_s"] = statistics.median(min(d[k] for d in spans.values()) for k in range(calls))
+        rows.append(row)
+    return rows
+
+
+def human_bytes(n):
+    for unit, size in (("MB", 1e6), ("KB", 1e3)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n} B"
+
+
+def format_collectives(rows, fit):
+    ms = lambda x: f"{1e3 * x:.2f}"  # noqa: E731
+    head = (f"{'op':<14} {'S':>10} {'calls/step':>10} {'each rank ms':>16} {'measured ms':>12} "
+            f"{'predicted ms':>13} {'ratio':>6}")
+    lines = [f"collectives per training step against the ring fit (alpha = {1e3 * fit['alpha_s']:.2f} ms, "
+             f"beta = {fit['beta_Bps'] / 1e9:.2f} GB/s; {fit['source']}):", head, "-" * len(head)]
+    for r in rows:
+        ranks = "/".join(ms(v) for _, v in sorted(r["rank_median_s"].items()))
+        measured = r.get("measured_s")
+        ratio = f"{measured / r['predicted_s']:.2f}" if measured else "-"
+        lines.append(f"{r['op']:<14} {human_bytes(r['bytes']):>10} {r['calls_per_step']:>10.1f} {ranks:>16} "
+                     f"{ms(measured) if measured else '-':>12} {ms(r['predicted_s']):>13} {ratio:>6}")
+    lines.append("(each rank: the median span of the call on that rank, waiting for the others included; "
+                 "measured: the median over the calls of the shortest span, the last rank to arrive)")
+    return "\n".join(lines)
+
+
+def read_fit(path):
+    try:
+        fit = json.loads(Path(path).read_text())["fit"]
+        return dict(alpha_s=float(fit["alpha_s"]), beta_Bps=float(fit["beta_Bps"]), source=str(path))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SystemExit(f"error: --fit {path}: not a diagnose/collectives.py result with a fit ({exc})")
+
+
 def main(argv):
     p = argparse.ArgumentParser(prog="diagnose/profile_ranks.py summary")
     p.add_argument("folder", help="the --out folder of a profiled run")
     p.add_argument("--json", help="also write the table (and MFU) here")
     p.add_argument("--no-mfu", action="store_true", help="skip the FLOP count and the matmul peak")
+    p.add_argument("--fit", help="a diagnose/collectives.py --out result (e.g. assets/collectives.json): "
+                                 "each collective of the step against the ring model's prediction")
     args = p.parse_args(argv)
+    fit = read_fit(args.fit) if args.fit else None
     ranks = load(args.folder)
     table = rank_table(ranks)
     if not table:
@@ -252,6 +358,15 @@ def main(argv):
         if m:
             print(format_mfu(m))
             result["mfu"] = m
+    if fit:
+        per_rank, n = {}, len(ranks)
+        for path in sorted(Path(args.folder).glob("rank*.trace.json")):
+            rank = int(path.name[4:].split(".")[0])
+            n = ranks[rank][0].get("world_size", n)
+            per_rank[rank] = collective_calls(json.loads(path.read_text()), n)
+        rows = collectives_table(per_rank, n, fit)
+        print(format_collectives(rows, fit))
+        result["collectives"], result["fit"] = rows, fit
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
     return 0

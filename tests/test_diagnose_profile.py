@@ -91,7 +91,7 @@ def test_mfu_counts_the_cnns_flops():
     """The CNN's forward + backward, counted by torch.utils.flop_counter: its two convolutions and
     two linear layers, forward once and backward twice (input and weight gradients; the first conv's
     input needs none). Counted in a process of its own, as the tool does: the flop counter imports
-    triton, whose native library crashed the whole test session (segfault) when loaded into it."""
+    triton, which crashes a process that holds TensorFlow too (see conftest.py)."""
     conv1 = 2 * 26 * 26 * 32 * 1 * 3 * 3
     conv2 = 2 * 24 * 24 * 64 * 32 * 3 * 3
     fc1, fc2 = 2 * 9216 * 128, 2 * 128 * 10
@@ -106,3 +106,53 @@ def test_a_bad_flag_is_one_error_line(tmp_path):
     cmd = [sys.executable, PROFILE, "--slow-ms", "5", "DDP/main.py"]
     result = run(cmd, timeout=60)
     assert result.returncode == 2 and len(error_lines(result.stderr)) == 1, result.stderr
+
+
+def test_each_collective_of_a_step_is_measured_by_its_last_rank_and_predicted_by_the_ring_fit():
+    """Hand-made traces of 2 ranks and 2 training steps: an all_reduce of 1,000 floats per step (rank
+    0 arrives first and waits), an all_gather of 10 floats per rank once, a send per step."""
+    def x(name, ts, dur, tid=1, **args):
+        return dict(ph="X", name=name, ts=ts, dur=dur, tid=tid, cat="cpu_op", args=args)
+
+    def trace(spans, sends):
+        events = []
+        for step, start in enumerate((0, 1000)):
+            events += [x(f"ProfilerStep#{step}", start, 1000), x("phase:backward", start, 500),
+                       x("gloo:all_reduce", start + 100, spans[step], tid=2, **{
+                           "Input Dims": [[1000]], "Input type": ["float"]}),
+                       x("gloo:send", start + 600, sends, tid=2, **{"Input Dims": [[8]], "Input type": ["float"]})]
+        events.append(x("gloo:all_gather", 200, 50, tid=2, **{"Input Dims": [[10]], "Input type": ["float"]}))
+        return {"traceEvents": events}
+
+    per_rank = {0: trace_summary.collective_calls(trace([400, 300], 70), 2),
+                1: trace_summary.collective_calls(trace([100, 200], 90), 2)}
+    fit = dict(alpha_s=1e-4, beta_Bps=1e7, source="test")
+    rows = {(r["op"], r["bytes"]): r for r in trace_summary.collectives_table(per_rank, 2, fit)}
+    assert set(rows) == {("all_reduce", 4000), ("all_gather", 80), ("send", 32)}  # S = both ranks' parts
+    reduce = rows[("all_reduce", 4000)]
+    assert reduce["calls_per_step"] == 1.0 and rows[("all_gather", 80)]["calls_per_step"] == 0.5
+    assert reduce["measured_s"] == pytest.approx(150e-6)  # min(400, 100) and min(300, 200): median 150
+    assert reduce["rank_median_s"] == pytest.approx({0: 350e-6, 1: 150e-6})
+    assert reduce["predicted_s"] == pytest.approx(2 * 1e-4 + 4000 / 1e7)  # 2(N-1) alpha + 2(N-1)/N S/beta
+    assert "measured_s" not in rows[("send", 32)]  # one rank's call: its span holds its wait
+
+
+def test_the_tensor_parallel_lessons_collectives_are_the_ones_it_counts_itself(tmp_path):
+    """Profiled from outside, the tensor-parallel lesson's step holds 3 all-reduces of batch x width
+    floats (32 x 1024 x 4 B): what the lesson's own counter writes into summary.json."""
+    cmd = launch_command("tensor-parallel", 2, "torchrun", [*SHORT, "--log-dir", tmp_path / "run"], wrapper=PROFILE)
+    at = cmd.index(str(PROFILE)) + 1
+    cmd[at:at] = ["--out", str(tmp_path / "trace")]
+    check(run(cmd, timeout=300))
+    fit = tmp_path / "fit.json"
+    fit.write_text(json.dumps({"fit": {"alpha_s": 1e-3, "beta_Bps": 1e9}}))
+    result = check(run([sys.executable, PROFILE, "summary", tmp_path / "trace", "--no-mfu", "--fit", fit,
+                        "--json", tmp_path / "summary.json"], timeout=120))
+    assert "collectives per training step against the ring fit" in result.stdout
+    rows = json.loads((tmp_path / "summary.json").read_text())["collectives"]
+    counted = json.loads((tmp_path / "run" / "summary.json").read_text())["wire_bytes_per_step"]
+    (reduce,) = [r for r in rows if r["op"] == "all_reduce"]
+    assert reduce["calls_per_step"] == counted["_c10d_functional.all_reduce"]["calls"] == 3
+    assert reduce["bytes"] * 3 == counted["_c10d_functional.all_reduce"]["bytes"] == 3 * 32 * 1024 * 4
+    assert reduce["predicted_s"] == pytest.approx(2 * 1e-3 + 32 * 1024 * 4 / 1e9)
+    assert 0 < reduce["measured_s"] < 10  # a real duration, from both ranks' traces

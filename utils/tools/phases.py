@@ -33,7 +33,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PHASES = ("forward", "backward", "wait", "optimizer")
-PYTORCH_EXAMPLES = {"ddp": "ddp", "horovod-pytorch": "horovod", "deepspeed": "deepspeed"}  # dist.EXAMPLES names
+PYTORCH_EXAMPLES = {"ddp": "ddp", "horovod-pytorch": "horovod", "deepspeed": "deepspeed",  # dist.EXAMPLES names
+                    "tensor-parallel": "model_parallel", "pipeline-parallel": "model_parallel"}
 
 
 class Turns:
@@ -135,6 +136,11 @@ def patch(timer, framework):
         _DistributedOptimizer.step = timer.wrap("optimizer", _DistributedOptimizer.step)
         _DistributedOptimizer.synchronize = timer.wrap("wait", _DistributedOptimizer.synchronize)
         _DistributedAdasumOptimizer.step = timer.wrap("optimizer", _DistributedAdasumOptimizer.step)
+    if framework == "model_parallel":  # the MLP is an nn.Sequential; a pipeline step is its schedule's
+        from torch.distributed.pipelining.schedules import PipelineScheduleSingle
+        torch.nn.Sequential.forward = timer.wrap("forward", torch.nn.Sequential.forward)
+        # forward and backward of every micro-batch, the sends between stages and the waits for them
+        PipelineScheduleSingle.step = timer.wrap("backward", PipelineScheduleSingle.step)
     if framework == "deepspeed":
         from deepspeed.runtime.engine import DeepSpeedEngine
         for name, phase in [("forward", "forward"), ("backward", "backward"), ("step", "optimizer")]:
@@ -147,7 +153,8 @@ def framework_of(script):
     for name, framework in PYTORCH_EXAMPLES.items():
         if script_path(name).resolve() == path:
             return framework
-    sys.exit(f"error: phases: {script} is not a PyTorch example (DDP/, horovod/pytorch/, deepspeed/ main.py)")
+    sys.exit(f"error: phases: {script} is not a PyTorch example (DDP/, horovod/pytorch/, deepspeed/ main.py, "
+             "model_parallel/)")
 
 
 def rank_from_env():
