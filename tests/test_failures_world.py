@@ -1,5 +1,6 @@
 """A job whose world changes: a checkpoint written by 2 ranks continues at 1 and at 4 ranks (DDP,
-Horovod; DeepSpeed ZeRO-2 and -3 through a universal checkpoint).
+Horovod PyTorch; Horovod TensorFlow at 1; DeepSpeed ZeRO-2 and -3 through a universal checkpoint; FSDP2
+through torch.distributed.checkpoint).
 
 DDP's and Horovod's checkpoint holds the whole model and optimizer state once, so any world size
 loads it: the resumed run starts from exactly the saved weights (checked through the first epoch's
@@ -16,6 +17,7 @@ import pytest
 from failures_support import (  # noqa: F401  (tiny: a fixture)
     DDP,
     DS,
+    HVD_TF,
     HVD_TORCH,
     assert_log_dir_sound,
     checked,
@@ -48,29 +50,23 @@ def written_at_2(request, tmp_path_factory, tiny):
 
 
 @pytest.mark.parametrize("ranks", [1, 4])
-def test_a_checkpoint_of_2_ranks_continues_at_another_world_size(
-    tmp_path, tiny, written_at_2, ranks
-):
+def test_a_checkpoint_of_2_ranks_continues_at_another_world_size(tmp_path, tiny, written_at_2, ranks):
     script, launcher, written = written_at_2
-    log_dir = tmp_path / "log"
+    assert_continues(script, launcher, written, ranks, tmp_path / "log", tiny)
+
+
+def test_a_tensorflow_checkpoint_of_2_ranks_continues_at_1_rank(tmp_path, tiny):
+    """Horovod TensorFlow's tf.train.Checkpoint holds the whole model and optimizer once, as well."""
+    written = tmp_path / "written"
+    checked(run(horovodrun(2, HVD_TF, *FLAGS, "--epochs", "1", "--data-dir", tiny, "--log-dir", written),
+                timeout=300))
+    assert_continues(HVD_TF, horovodrun, written, 1, tmp_path / "log", tiny)
+
+
+def assert_continues(script, launcher, written, ranks, log_dir, tiny):
     shutil.copytree(written, log_dir)
-    result = checked(
-        run(
-            launcher(
-                ranks,
-                script,
-                *FLAGS,
-                "--epochs",
-                "2",
-                "--resume",
-                "--data-dir",
-                tiny,
-                "--log-dir",
-                log_dir,
-            ),
-            timeout=300,
-        )
-    )
+    flags = [*FLAGS, "--epochs", "2", "--resume", "--data-dir", tiny, "--log-dir", log_dir]
+    result = checked(run(launcher(ranks, script, *flags), timeout=300))
     assert "continuing at epoch 2" in result.stdout
     history = metrics(log_dir)
     assert [m["epoch"] for m in history] == [1, 2]
