@@ -12,7 +12,6 @@ metrics histories leaves them out, and compares everything else exactly.
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ from support import (  # noqa: F401
     deepspeed_launcher,
     error_lines,
     horovodrun,
+    kill_tree,
     launch_command,
     metrics,
     mpiexec,
@@ -147,9 +147,8 @@ def signal_rank_1(tmp_path, script, launcher, sig, *extra):
         rc = proc.wait(timeout=max(1, KILL_DEADLINE_S - survivor_s))
         launcher_s = time.monotonic() - sent_at
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        kill_tree(proc)  # the launcher, and any rank it left behind
+        proc.wait()
     return rc, survivor_s, launcher_s, out_path.read_text()
 
 

@@ -30,11 +30,32 @@ def run(cmd, timeout=300, env=None, cwd=ROOT):
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        kill_tree(proc)
         out, err = proc.communicate()
         pytest.fail(f"timed out after {timeout}s: {' '.join(map(str, cmd))}\n--- stdout\n{out[-3000:]}\n"
                     f"--- stderr\n{err[-3000:]}")
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def kill_tree(proc):
+    """SIGKILL a launcher started with start_new_session and everything it started. Killing its
+    process group is not enough: torchrun starts each worker in a session of its own, so a worker
+    outlives a killed torchrun (for ever, if it was stopped with SIGSTOP)."""
+    import psutil
+    try:
+        family = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        family = []
+    for victim in family:
+        try:
+            victim.kill()  # SIGKILL ends a stopped process too
+        except psutil.NoSuchProcess:
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    psutil.wait_procs(family, timeout=10)
 
 
 def check(result):

@@ -8,7 +8,6 @@ forgotten set_epoch."""
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -16,7 +15,7 @@ import time
 import pytest
 
 from failures_support import DDP, DS, tiny  # noqa: F401  (tiny: a fixture)
-from support import BIN, ROOT, python, run, torchrun
+from support import BIN, ROOT, kill_tree, python, run, torchrun
 
 DIAGNOSE_DEADLINE_S = 60
 HOOKS = str(ROOT / "tests" / "hooks")
@@ -73,9 +72,8 @@ def planted(tmp_path, plant, *flags, script=DDP, env=None, until="COURSE_PLANT")
 
 
 def end(proc):
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    kill_tree(proc)  # torchrun and its workers: a stopped rank would otherwise stay for ever
+    proc.wait()
 
 
 def stacks(proc):

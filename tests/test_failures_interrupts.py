@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from failures_support import DDP, DS, HVD_TF, HVD_TORCH, ranks_of
-from support import BIN, ROOT, deepspeed_launcher, horovodrun, mpiexec, run, torchrun
+from support import BIN, ROOT, deepspeed_launcher, horovodrun, kill_tree, mpiexec, run, torchrun
 
 STOP_DEADLINE_S = 20
 
@@ -85,9 +85,8 @@ def interrupt(tmp_path, script, launcher, sig, at):
         rc = proc.wait(timeout=STOP_DEADLINE_S)
         took = time.monotonic() - sent
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        kill_tree(proc)  # the launcher, and any rank it left behind
+        proc.wait()
     output = out_path.read_text()
     return rc, took, output[before:], output
 
