@@ -29,12 +29,13 @@ doctor:
 demo: setup
 	@$(PY) utils/tools/demo.py
 
+# PYTEST_ARGS: more pytest flags, e.g. PYTEST_ARGS="--durations=0" for every test's time.
 test: setup
-	$(PY) -m pytest tests -m "not long" --durations=20
+	$(PY) -m pytest tests -m "not long" --durations=20 $(PYTEST_ARGS)
 
 # Everything, the longest end-to-end runs included (about 30 more minutes on 2 cores).
 test-all: setup
-	$(PY) -m pytest tests
+	$(PY) -m pytest tests --durations=20 $(PYTEST_ARGS)
 
 bench: setup
 	@$(PY) utils/tools/bench.py $(if $(QUICK),--quick)
