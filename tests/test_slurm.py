@@ -38,9 +38,10 @@ SETTINGS = ("REPO_DIR", "RUNS_DIR", "TRAIN_ARGS", "ENV_SETUP", "EXAMPLE", "DRY_R
             "SWEEP_DIR", "NRANKS", "VENV", "VIRTUAL_ENV", "OMP_NUM_THREADS", "MASTER_ADDR")
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
             "PREEMPTED"}
-# One epoch on 2 ranks reaches 0.90-0.93 here with every framework; a run that did not learn stays near 0.10.
-MIN_ACC_ONE_EPOCH = 0.85
-CPU_ARGS = ["--epochs", "1", "--device", "cpu"]
+# 20 steps on 2 ranks reach 0.65-0.81 here (DDP, Horovod PyTorch and TensorFlow); a run that did not learn stays
+# near 0.10. Training to the lessons' accuracy is their own tests' job: these check the scheduler's wiring.
+MIN_ACC = 0.5
+CPU_ARGS = ["--epochs", "1", "--max-steps", "20", "--device", "cpu"]
 
 
 def cluster(command, timeout=600):
@@ -189,7 +190,7 @@ def test_job_script_runs_under_slurm(slurm, frameworks, tmp_path, example, nodes
         assert config["master_addr"] == "n1", config
     history = metrics(log_dir)
     assert [(m["epoch"], m["world_size"]) for m in history] == [(1, 2)], history
-    assert history[-1]["test_acc"] >= MIN_ACC_ONE_EPOCH, history
+    assert history[-1]["test_acc"] >= MIN_ACC, history
     checksums = summary(log_dir)["param_checksums"]
     assert len(checksums) == 2 and checksums[0] == checksums[1], checksums  # both ranks, same weights
     assert (log_dir / "output.log").read_text().count("epoch  1") == 1
@@ -221,7 +222,7 @@ def test_scaling_sweep_across_one_and_two_nodes(slurm, frameworks, tmp_path):
     speedup = speed[2] / speed[1]
     assert float(rows[1][2]) == pytest.approx(speedup, abs=0.006), (rows, speed)
     assert rows[1][3] == f"{speedup / 2:.0%}", (rows, speed)
-    assert all(float(row[4]) >= MIN_ACC_ONE_EPOCH for row in rows), rows
+    assert all(float(row[4]) >= MIN_ACC for row in rows), rows
 
 
 # --- failures ---------------------------------------------------------------------------------------------------
