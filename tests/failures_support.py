@@ -86,18 +86,19 @@ def assert_log_dir_sound(log_dir, before=None):
 
 
 # === a rank dies ==========================================================================================
+LONG = pytest.mark.long  # `make test-all`; `make test` (CI) runs one case per launcher, for CI's time
 KILL_LAUNCHES = [
     pytest.param(DDP, torchrun, id="ddp-torchrun"),
-    pytest.param(DDP, mpiexec, id="ddp-mpiexec"),
+    pytest.param(DDP, mpiexec, id="ddp-mpiexec", marks=LONG),
     pytest.param(HVD_TORCH, horovodrun, id="hvd-torch-horovodrun-gloo"),
-    pytest.param(HVD_TORCH, mpiexec, id="hvd-torch-mpiexec"),
-    pytest.param(HVD_TF, horovodrun, id="hvd-tf-horovodrun-gloo"),
+    pytest.param(HVD_TORCH, mpiexec, id="hvd-torch-mpiexec", marks=LONG),
+    pytest.param(HVD_TF, horovodrun, id="hvd-tf-horovodrun-gloo", marks=LONG),
     pytest.param(HVD_TF, mpiexec, id="hvd-tf-mpiexec"),
-    pytest.param(KERAS, horovodrun, id="keras-horovodrun-gloo"),
-    pytest.param(KERAS, mpiexec, id="keras-mpiexec"),
+    pytest.param(KERAS, horovodrun, id="keras-horovodrun-gloo", marks=LONG),
+    pytest.param(KERAS, mpiexec, id="keras-mpiexec", marks=LONG),
     pytest.param(DS, deepspeed_launcher, id="deepspeed-deepspeed"),
-    pytest.param(DS, torchrun, id="deepspeed-torchrun"),
-    pytest.param(DS, mpiexec, id="deepspeed-mpiexec"),
+    pytest.param(DS, torchrun, id="deepspeed-torchrun", marks=LONG),
+    pytest.param(DS, mpiexec, id="deepspeed-mpiexec", marks=LONG),
 ]
 RANK_VARIABLES = ("HOROVOD_RANK", "RANK", "PMI_RANK")
 

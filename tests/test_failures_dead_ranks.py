@@ -10,13 +10,12 @@ from failures_support import (
     HVD_TF,
     HVD_TORCH,
     KILL_LAUNCHES,
+    LONG,
     assert_log_dir_sound,
     assert_no_traceback_through_the_example,
     signal_rank_1,
 )
 from support import error_lines, horovodrun, torchrun
-
-pytestmark = pytest.mark.long  # `make test-all`; not in `make test` (CI's time)
 
 
 @pytest.mark.parametrize("script,launcher", KILL_LAUNCHES)
@@ -33,9 +32,11 @@ def test_sigkill_of_one_rank_ends_the_whole_job(tmp_path, script, launcher):
 
 
 @pytest.mark.parametrize("script,launcher", [pytest.param(DDP, torchrun, id="ddp-torchrun"),
-                                             pytest.param(DS, torchrun, id="deepspeed-torchrun"),
-                                             pytest.param(HVD_TORCH, horovodrun, id="hvd-torch-horovodrun-gloo"),
-                                             pytest.param(HVD_TF, horovodrun, id="hvd-tf-horovodrun-gloo")])
+                                             pytest.param(DS, torchrun, id="deepspeed-torchrun", marks=LONG),
+                                             pytest.param(HVD_TORCH, horovodrun, id="hvd-torch-horovodrun-gloo",
+                                                          marks=LONG),
+                                             pytest.param(HVD_TF, horovodrun, id="hvd-tf-horovodrun-gloo",
+                                                          marks=LONG)])
 def test_a_hung_rank_ends_the_job_after_the_collective_timeout(tmp_path, script, launcher):
     """SIGSTOP rank 1 (alive, silent: a hung node): with --dist-timeout 10 rank 0's collective gives up after
     10 s, rank 0 exits with one line, and the launcher tears the job down (SIGKILL reaches a stopped process).
