@@ -208,10 +208,11 @@ def test_polaris_nccl_settings_when_asked(tmp_path):
 
 
 # --- real runs: 2 ranks on CPUs, one node x 2 or two nodes x 1 ------------------------------------
-# Every machine's script across 2 nodes; at 1 node Polaris' runs every example (the other machines' 1-node
-# launch lines are checked by the dry runs above).
-RUNS = [pytest.param(machine, 2, "ddp", id=f"{machine}-2node") for machine in PBS]
-RUNS += [pytest.param("polaris", 1, "ddp", id="polaris-1node")]
+RUNS = [
+    pytest.param(machine, nodes, "ddp", id=f"{machine}-{nodes}node")
+    for machine in PBS
+    for nodes in (1, 2)
+]
 RUNS += [
     pytest.param("polaris", 1, example, id=f"polaris-1node-{example}")
     for example in ("horovod-pytorch", "horovod-tensorflow", "deepspeed")
