@@ -7,13 +7,14 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 
 import psutil
 import pytest
 
 from failures_support import DDP, DS, HVD_TF, HVD_TORCH, ranks_of
-from support import BIN, ROOT, deepspeed_launcher, horovodrun, kill_tree, mpiexec, run, torchrun
+from support import BIN, ROOT, deepspeed_launcher, error_lines, horovodrun, kill_tree, mpiexec, run, torchrun
 
 STOP_DEADLINE_S = 20
 
@@ -160,3 +161,37 @@ def test_stopped_before_the_first_epoch_leaves_no_folder(tmp_path):
     assert rc == 130
     assert after.count("no checkpoint written yet: a rerun starts at epoch 1") == 2, after
     assert not (tmp_path / "log").exists(), list((tmp_path / "log").rglob("*"))
+
+
+RACE = """
+import os, signal, sys
+sys.path.append(sys.argv[1])
+from utils import log
+making_the_line = log._peer_line
+
+
+def peer_line_while_the_launcher_sends_sigterm(exc):
+    os.kill(os.getpid(), signal.SIGTERM)  # torchrun saw the other rank die: it stops this one
+    return making_the_line(exc)
+
+
+log._peer_line = peer_line_while_the_launcher_sends_sigterm
+
+
+def main():
+    raise RuntimeError("[gloo/transport/tcp/pair.cc:545] Read error [127.0.0.1]:1: Connection reset by peer")
+
+
+log.run_main(main)
+"""
+
+
+def test_the_launchers_sigterm_while_the_peer_error_is_written_leaves_that_one_line():
+    """The race CI met: rank 1 killed, rank 0's gloo call fails, and while rank 0 writes its one line
+    torchrun sends it SIGTERM. The line of the error that came first must come out, with its exit
+    code, and no traceback (it used to end in `Interrupted: SIGTERM` raised inside the line's making)."""
+    result = run([sys.executable, "-c", RACE, ROOT], timeout=120)
+    errors = error_lines(result.stderr)
+    assert result.returncode == 1, result.stderr
+    assert len(errors) == 1 and errors[0].startswith("error: rank 0 lost contact with another rank"), result.stderr
+    assert "Traceback" not in result.stderr, result.stderr

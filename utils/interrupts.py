@@ -27,7 +27,27 @@ def _handler(signum, frame):
     if _received:  # a second Ctrl-C while the first unwinds: keep unwinding, not a second exception
         return
     _received.update(signum=signum, at=time.monotonic())
+    if _ending:  # the run is already ending on an error: that error's line is the one to print
+        return
     raise Interrupted(signum)
+
+
+_ending = []
+
+
+def ending():
+    """From now on a signal is noted, not raised: the run is already ending (utils.log.run_main is
+    writing its one line). A launcher that sees one rank die sends the others SIGTERM, which would
+    otherwise land in the middle of that line's making and end the rank in a traceback. Returns the
+    signal that stopped the run before this call, or None (both read with the signals blocked, so
+    none slips in between)."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+    try:
+        first = received()
+        _ending.append(True)
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
+    return first
 
 
 def install():

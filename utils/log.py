@@ -208,7 +208,8 @@ def run_main(main):
             remove_debris()
         raise
     except BaseException as exc:
-        signum = interrupts.received()
+        # A signal from here on (the launcher's SIGTERM after a peer died) is noted, not raised.
+        signum = interrupts.ending()
         if signum is None and isinstance(exc, KeyboardInterrupt):
             signum = 2
         # stopped on purpose; a peer error after it is the same stop seen later
