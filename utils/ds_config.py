@@ -159,4 +159,3 @@ def check(config, path):
     refused = norm_needed(parsed)
     if refused:
         fail(f"DeepSpeed config {path}: zero_optimization.compute_grad_norm false, but {refused}")
-
