@@ -137,9 +137,10 @@ def test_an_unusable_path_is_one_line_per_rank_under_every_launcher(tmp_path, sc
     output = result.stdout + result.stderr
     errors = error_lines(output)
     assert result.returncode != 0
-    # horovodrun terminates the other workers the moment one exits: the slower rank may not get to
-    # say it
-    assert len(errors) in ((1, 2) if launcher is horovodrun else (2,)), output[-3000:]
+    # torchrun and horovodrun stop the other workers the moment one exits: a slower rank (still
+    # importing its framework: zero/main.py's DeepSpeed takes seconds) may not get to say it.
+    # mpiexec lets every rank finish.
+    assert len(errors) in ((1, 2) if launcher in (torchrun, horovodrun) else (2,)), output[-3000:]
     assert all(flags[-2] in line for line in errors), output[-3000:]
     assert not re.search(
         rf'File "{re.escape(str(ROOT))}/(DDP|horovod|deepspeed|zero|model_parallel)/', output
