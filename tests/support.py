@@ -97,6 +97,19 @@ def error_lines(stderr):
     return [line for line in stderr.splitlines() if re.search(r"(^|<stderr>:)(\S+\.py: )?error: ", line)]
 
 
+def assert_each_torchrun_rank_refused(result, words, nproc):
+    """Bad input under torchrun: every rank printed its one `error:` line with `words`, or was stopped
+    by torchrun first (its report: exitcode -15, or 143 with our `stopped` line). torchrun stops the
+    other workers the moment one exits, so a slower rank may not have reached its check yet."""
+    output = result.stdout + result.stderr
+    errors = error_lines(output)
+    stopped = len(re.findall(r"exitcode\s*:\s*(?:-15|143)\b", output))
+    assert result.returncode != 0, output[-3000:]
+    assert errors and all(words in e for e in errors), output[-3000:]
+    # a rank that printed its line may still be in torchrun's report as stopped (SIGTERM on its way out)
+    assert len(errors) <= nproc and len(errors) + stopped >= nproc, output[-3000:]
+
+
 def horovodrun(nproc, script, *args, controller="--gloo"):
     return launch_command(script, nproc, "horovodrun" if controller == "--gloo" else "horovodrun-mpi", args)
 

@@ -9,7 +9,16 @@ import re
 import pytest
 
 from failures_support import DDP, DS, HVD_TF, HVD_TORCH, KERAS, run_rows, tiny  # noqa: F401  (a fixture)
-from support import ROOT, deepspeed_launcher, error_lines, horovodrun, mpiexec, run, torchrun
+from support import (
+    ROOT,
+    assert_each_torchrun_rank_refused,
+    deepspeed_launcher,
+    error_lines,
+    horovodrun,
+    mpiexec,
+    run,
+    torchrun,
+)
 
 ZERO, FSDP_CKPT, TP, PP = (
     "zero/main.py",
@@ -140,6 +149,8 @@ def test_an_unusable_path_is_one_line_per_rank_under_every_launcher(tmp_path, sc
     # torchrun and horovodrun stop the other workers the moment one exits: a slower rank (still
     # importing its framework: zero/main.py's DeepSpeed takes seconds) may not get to say it.
     # mpiexec lets every rank finish.
+    if launcher is torchrun:
+        assert_each_torchrun_rank_refused(result, flags[-2], 2)
     assert len(errors) in ((1, 2) if launcher in (torchrun, horovodrun) else (2,)), output[-3000:]
     assert all(flags[-2] in line for line in errors), output[-3000:]
     assert not re.search(

@@ -3,7 +3,17 @@ the same arithmetic on the unsplit model (the lessons' own --save-model files: t
 import pytest
 import torch
 
-from support import assert_event_epochs, check, error_lines, metrics, python, run, summary, torchrun
+from support import (
+    assert_each_torchrun_rank_refused,
+    assert_event_epochs,
+    check,
+    error_lines,
+    metrics,
+    python,
+    run,
+    summary,
+    torchrun,
+)
 
 TP = "model_parallel/tensor_parallel.py"
 PP = "model_parallel/pipeline_parallel.py"
@@ -90,8 +100,7 @@ def test_pipeline_equals_gradient_accumulation_for_both_schedules(tmp_path):
 def test_bad_sizes_fail_every_rank_in_one_line(tmp_path, nproc, script, flags, words):
     result = run(torchrun(nproc, script, *flags, "--log-dir", tmp_path), timeout=120)
     assert result.returncode != 0
-    errors = error_lines(result.stderr)
-    assert len(errors) == nproc and all(words in e for e in errors), result.stderr
+    assert_each_torchrun_rank_refused(result, words, nproc)
     assert "exitcode  : 2 " in result.stderr  # torchrun's report of the first rank to stop: our exit code
     assert not [line for line in result.stderr.splitlines() if "model_parallel/" in line and "File" in line]
     assert not (tmp_path / "config.json").exists()  # stopped before anything started
