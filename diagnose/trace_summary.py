@@ -64,13 +64,25 @@ def is_comm(name):
     return any(mark in low for mark in COMM_MARKS)
 
 
+def training_steps(events):
+    """(the main thread's id, [(start, end)] of every recorded training step, in order). A step is a
+    ProfilerStep#N span that holds a backward: evaluation and logging between epochs, or the run's
+    end, are not training steps."""
+    steps = [e for e in events if e["name"].startswith("ProfilerStep#")]
+    if not steps:
+        return None, []
+    main = steps[0]["tid"]
+    backward = [float(e["ts"]) for e in events if e["tid"] == main and e["name"] == "phase:backward"]
+    windows = sorted((float(s["ts"]), float(s["ts"]) + float(s["dur"])) for s in steps)
+    return main, [(a, b) for a, b in windows if any(a <= t < b for t in backward)]
+
+
 def split_steps(trace):
     """One dict per recorded step: step, compute, comm, wait, other, overlap (seconds)."""
     events = [e for e in trace["traceEvents"] if e.get("ph") == "X" and "dur" in e]
-    steps = [e for e in events if e["name"].startswith("ProfilerStep#")]
-    if not steps:
+    main, windows = training_steps(events)
+    if not windows:
         return []
-    main = steps[0]["tid"]
     span = lambda e: (float(e["ts"]), float(e["ts"]) + float(e["dur"]))  # noqa: E731
     ops = [span(e) for e in events if e["tid"] == main and e.get("cat") == "cpu_op"]
     slow = [span(e) for e in events if e["tid"] == main and e["name"] == "straggler"]
@@ -81,14 +93,8 @@ def split_steps(trace):
     ]
     waits = [span(e) for e in events if e["tid"] == main and e["name"] in WAIT_PHASES]
     background = [span(e) for e in events if e["tid"] != main and is_comm(e["name"])]
-    backward = [
-        float(e["ts"]) for e in events if e["tid"] == main and e["name"] == "phase:backward"
-    ]
     rows = []
-    for s in sorted(steps, key=lambda e: e["ts"]):
-        a, b = span(s)
-        if not any(a <= t < b for t in backward):
-            continue  # evaluation and logging between epochs, or the run's end: not a training step
+    for a, b in windows:
         step_comm = clip(comm, a, b)
         busy = clip(ops + slow, a, b)
         t_comm = union(step_comm)
@@ -266,13 +272,9 @@ def collective_calls(trace, n):
     training steps, and the number of training steps. gloo's span runs on its own thread and holds
     the wire and the waiting for the peers."""
     events = [e for e in trace["traceEvents"] if e.get("ph") == "X" and "dur" in e]
-    steps = [e for e in events if e["name"].startswith("ProfilerStep#")]
-    if not steps:
+    _, windows = training_steps(events)
+    if not windows:
         return {}, 0
-    main = steps[0]["tid"]
-    backward = [float(e["ts"]) for e in events if e["tid"] == main and e["name"] == "phase:backward"]
-    windows = [(float(s["ts"]), float(s["ts"]) + float(s["dur"])) for s in steps]
-    windows = [(a, b) for a, b in windows if any(a <= t < b for t in backward)]  # training steps
     groups = {}
     for e in sorted(events, key=lambda e: float(e["ts"])):
         if not e["name"].startswith("gloo:") or "Input Dims" not in e.get("args", {}):
