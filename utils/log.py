@@ -186,7 +186,7 @@ def _peer_line(exc):
             f"the collective timeout): {detail}")
 
 
-def run_main(main):
+def run_main(main, skip_finalization=False):
     """Call main(), and end every way it can go wrong in one line on stderr instead of a traceback:
 
     - a UserError (bad input): one line, exit 2;
@@ -194,6 +194,11 @@ def run_main(main):
       checkpoint and how to continue; exit 130 or 143 (utils/interrupts.py);
     - a lost peer (a rank that died, or hung past the collective timeout): which rank waited, in
       which collective at which line, in which epoch and step, and what to do next; exit 1.
+
+    skip_finalization: after a finished main(), leave at once (exit 0) without the interpreter's
+    finalization. For FSDP2: its device mesh keeps a reference to the process group, so gloo's
+    threads can outlive destroy_process_group and be torn down with the interpreter, which can abort
+    a rank after a finished run ("terminate called without an active exception").
 
     A run that fails before its first result removes the folders it created. Under torchrun the
     line also goes into the worker's error file, so torchrun's report names it as the cause. A bug
@@ -203,6 +208,10 @@ def run_main(main):
     interrupts.install()
     try:
         main()
+        if skip_finalization:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
     except SystemExit as exc:
         if exc.code not in (0, None):
             remove_debris()

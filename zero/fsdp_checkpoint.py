@@ -175,10 +175,6 @@ def main():
 
 
 if __name__ == "__main__":
-    log.run_main(main)
-    # Done. Leave without the interpreter's finalization, as zero/main.py does: FSDP2's device mesh
-    # keeps the process group referenced, and gloo's threads torn down with the interpreter can
-    # abort a rank after a finished run.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    # Done: leave without the interpreter's finalization, where FSDP2's gloo threads can abort a
+    # finished rank (utils/log.run_main says why).
+    log.run_main(main, skip_finalization=True)

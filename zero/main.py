@@ -233,11 +233,6 @@ def main():
 
 
 if __name__ == "__main__":
-    log.run_main(main)
-    # Done, result written. Leave without the interpreter's finalization: FSDP2's device mesh keeps
-    # a reference to the process group, so gloo's threads can outlive destroy_process_group and be
-    # torn down with the interpreter, which can abort a rank after a finished run ("terminate called
-    # without an active exception").
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    # Done, result written: leave without the interpreter's finalization, where FSDP2's gloo
+    # threads can abort a finished rank (utils/log.run_main says why).
+    log.run_main(main, skip_finalization=True)
