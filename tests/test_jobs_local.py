@@ -77,8 +77,9 @@ def test_a_copy_runs_your_own_script_after_one_changed_line(tmp_path):
     (line,) = [line for line in text.splitlines() if line.startswith("SCRIPT=")]
     copy = project / "submissions" / "local" / "train.sh"
     copy.write_text(text.replace(line, f"SCRIPT={project}/hello.py"))
-    (project / "hello.py").write_text(
-        "import os, sys\nprint('hello from rank', os.environ['PMI_RANK'], sys.argv[1:])\n"
+    (project / "hello.py").write_text(  # line-buffered, as submissions/README.md advises
+        "import os, sys\nsys.stdout.reconfigure(line_buffering=True, write_through=False)\n"
+        "print('hello from rank', os.environ['PMI_RANK'], sys.argv[1:])\n"
     )
     env = local_env(tmp_path, VENV=str(ROOT / ".venv"))
     result = check(run(["bash", copy, "--name", "x"], env=env, cwd=project, timeout=120))
