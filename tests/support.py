@@ -97,17 +97,25 @@ def error_lines(stderr):
     return [line for line in stderr.splitlines() if re.search(r"(^|<stderr>:)(\S+\.py: )?error: ", line)]
 
 
-def assert_each_torchrun_rank_refused(result, words, nproc):
-    """Bad input under torchrun: every rank printed its one `error:` line with `words`, or was stopped
-    by torchrun first (its report: exitcode -15, or 143 with our `stopped` line). torchrun stops the
-    other workers the moment one exits, so a slower rank may not have reached its check yet."""
+def assert_each_rank_refused(result, words, nproc, launcher):
+    """Bad input on `nproc` ranks: a non-zero exit, and every `error:` line names `words`. How many
+    ranks get to print depends on the launcher (`launcher`: its name or its command function).
+    mpiexec lets every rank finish: one line per rank. torchrun, horovodrun and the deepspeed
+    launcher stop the other workers the moment one exits, so a slower rank (still importing its
+    framework) may not reach its check: torchrun's report names it (exitcode -15, or 143 with our
+    `stopped` line); the other two only say that they killed it, so there at least one line."""
+    launcher = getattr(launcher, "__name__", launcher)
     output = result.stdout + result.stderr
     errors = error_lines(output)
-    stopped = len(re.findall(r"exitcode\s*:\s*(?:-15|143)\b", output))
     assert result.returncode != 0, output[-3000:]
-    assert errors and all(words in e for e in errors), output[-3000:]
-    # a rank that printed its line may still be in torchrun's report as stopped (SIGTERM on its way out)
-    assert len(errors) <= nproc and len(errors) + stopped >= nproc, output[-3000:]
+    assert errors and all(words in e for e in errors) and len(errors) <= nproc, output[-3000:]
+    if launcher == "mpiexec":
+        assert len(errors) == nproc, output[-3000:]
+    elif launcher == "torchrun":  # a rank that printed its line may still be reported as stopped
+        stopped = len(re.findall(r"exitcode\s*:\s*(?:-15|143)\b", output))
+        assert len(errors) + stopped >= nproc, output[-3000:]
+    else:
+        assert launcher in ("horovodrun", "deepspeed_launcher"), launcher
 
 
 def horovodrun(nproc, script, *args, controller="--gloo"):

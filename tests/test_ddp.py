@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from support import (
-    assert_each_torchrun_rank_refused,
+    assert_each_rank_refused,
     check,
     error_lines,
     metrics,
@@ -87,7 +87,7 @@ def test_bad_input_is_one_line_and_non_zero(tmp_path, flags, words):
 def test_bad_input_fails_every_rank_under_torchrun(tmp_path):
     result = run(torchrun(2, SCRIPT, "--batch-size", "0", "--log-dir", tmp_path), timeout=120)
     assert result.returncode != 0
-    assert_each_torchrun_rank_refused(result, "--batch-size", 2)  # one line from each rank it let run
+    assert_each_rank_refused(result, "--batch-size", 2, "torchrun")  # one line from each rank it let run
 
 
 def test_missing_mnist_in_data_dir_is_reported(tmp_path):

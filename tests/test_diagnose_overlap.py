@@ -3,7 +3,7 @@ ceiling (no communication) in one run, and the compressed DDP hooks trained on r
 
 import json
 
-from support import assert_each_torchrun_rank_refused, check, run, torchrun
+from support import assert_each_rank_refused, check, run, torchrun
 
 TOOL = "diagnose/overlap.py"
 
@@ -51,4 +51,4 @@ def test_variants_run_and_the_compression_hooks_still_learn(tmp_path):
 
 def test_an_unknown_variant_is_one_error_line_on_every_rank():
     result = run(torchrun(2, TOOL, "--variants", "ddp", "fast"), timeout=120)
-    assert_each_torchrun_rank_refused(result, "fast", 2)
+    assert_each_rank_refused(result, "fast", 2, "torchrun")

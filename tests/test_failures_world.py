@@ -24,7 +24,7 @@ from failures_support import (  # noqa: F401  (tiny: a fixture)
     tiny,
     without_timing,
 )
-from support import assert_each_torchrun_rank_refused, error_lines, horovodrun, metrics, python, run, summary, torchrun
+from support import assert_each_rank_refused, error_lines, horovodrun, metrics, python, run, summary, torchrun
 
 FLAGS = ["--batch-size", "16", "--num-threads", "1", "--seed", "7", "--log-interval", "100"]
 
@@ -166,6 +166,6 @@ def test_fsdp2_resume_without_a_checkpoint_is_one_line_on_every_rank(tmp_path):
     result = run(torchrun(2, FSDP, "--checkpoint-dir", tmp_path / "none", "--resume"), timeout=120)
     assert result.returncode != 0
     output = result.stdout + result.stderr
-    assert_each_torchrun_rank_refused(result, "--resume: no checkpoint in", 2)
+    assert_each_rank_refused(result, "--resume: no checkpoint in", 2, "torchrun")
     assert 'fsdp_checkpoint.py", line' not in output  # torchrun's own report is torchrun's
     assert not (tmp_path / "none").exists()

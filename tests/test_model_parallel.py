@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from support import (
-    assert_each_torchrun_rank_refused,
+    assert_each_rank_refused,
     assert_event_epochs,
     check,
     error_lines,
@@ -100,7 +100,7 @@ def test_pipeline_equals_gradient_accumulation_for_both_schedules(tmp_path):
 def test_bad_sizes_fail_every_rank_in_one_line(tmp_path, nproc, script, flags, words):
     result = run(torchrun(nproc, script, *flags, "--log-dir", tmp_path), timeout=120)
     assert result.returncode != 0
-    assert_each_torchrun_rank_refused(result, words, nproc)
+    assert_each_rank_refused(result, words, nproc, "torchrun")
     assert "exitcode  : 2 " in result.stderr  # torchrun's report of the first rank to stop: our exit code
     assert not [line for line in result.stderr.splitlines() if "model_parallel/" in line and "File" in line]
     assert not (tmp_path / "config.json").exists()  # stopped before anything started

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from support import ROOT, assert_each_torchrun_rank_refused, check, error_lines, python, run, torchrun
+from support import ROOT, assert_each_rank_refused, check, error_lines, python, run, torchrun
 
 sys.path.append(str(ROOT))  # after site-packages (see tests/test_shadowing.py)
 from zero.census import formula
@@ -99,7 +99,7 @@ def test_bad_input_fails_every_rank_with_one_line(flags, words):
     assert result.returncode != 0
     errors = error_lines(result.stderr)
     assert errors
-    assert_each_torchrun_rank_refused(result, words, 2)  # one line from each rank torchrun let run
+    assert_each_rank_refused(result, words, 2, "torchrun")  # one line from each rank torchrun let run
     assert f'File "{ROOT / LESSON}"' not in result.stderr  # no traceback from the lesson (torchrun prints its own)
 
 
