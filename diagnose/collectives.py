@@ -27,9 +27,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.append(
-    str(Path(__file__).resolve().parents[1])
-)  # after site-packages: `import horovod` is the library
+# The repo root, after site-packages: `import horovod` is the library.
+sys.path.append(str(Path(__file__).resolve().parents[1]))
 
 import utils
 
@@ -176,8 +175,9 @@ def iterations(nbytes):
 
 
 def fit_ring(points, n):
-    """alpha (s) and beta (bytes/s) of t = 2(n-1)·alpha + 2(n-1)/n · S/beta from (S, t) pairs, least
-    squares on the relative error (each point weighted 1/t), so 1 KB counts as much as 64 MB."""
+    """alpha (s) and beta (bytes/s) of t = 2(n-1)·alpha + 2(n-1)/n · S/beta from (S, t) pairs,
+    least squares on the relative error (each point weighted 1/t), so 1 KB counts as much as
+    64 MB."""
     ws = [(s, t, 1 / t) for s, t in points]
     sw = sum(w * w for _, _, w in ws)
     sx = sum(w * w * s for s, _, w in ws)

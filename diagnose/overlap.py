@@ -35,16 +35,16 @@ import utils
 
 utils.course_output()
 
-import collectives  # noqa: E402  (diagnose/collectives.py, beside this file: its DDP bucket probe)
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook  # noqa: E402
-from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
+import collectives  # diagnose/collectives.py, beside this file: its DDP bucket probe
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+from torch.nn.parallel import DistributedDataParallel as DDP
 
-from utils import data, log  # noqa: E402
-from utils import dist as course  # noqa: E402
-from utils.torch_utils import Net, to_tensors  # noqa: E402
+from utils import data, log
+from utils import dist as course
+from utils.torch_utils import Net, to_tensors
 
 DEFAULT = [
     "none",

@@ -29,9 +29,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.append(
-    str(ROOT)
-)  # after site-packages: `import horovod` and `import deepspeed` stay the libraries
+# After site-packages: `import horovod` and `import deepspeed` stay the libraries.
+sys.path.append(str(ROOT))
 
 
 def rank_from_env():

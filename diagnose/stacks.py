@@ -161,7 +161,8 @@ def short(path):
 
 
 def is_course_code(path):
-    """A file of this repository, not an installed library (a venv inside the checkout holds those too)."""
+    """A file of this repository, not an installed library (a venv inside the checkout holds those
+    too)."""
     relative = short(path)
     return relative != path and not any(part in ("site-packages", "dist-packages")
                                         for part in Path(relative).parts)

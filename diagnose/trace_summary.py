@@ -72,7 +72,8 @@ def training_steps(events):
     if not steps:
         return None, []
     main = steps[0]["tid"]
-    backward = [float(e["ts"]) for e in events if e["tid"] == main and e["name"] == "phase:backward"]
+    backward = [float(e["ts"]) for e in events
+                if e["tid"] == main and e["name"] == "phase:backward"]
     windows = sorted((float(s["ts"]), float(s["ts"]) + float(s["dur"])) for s in steps)
     return main, [(a, b) for a, b in windows if any(a <= t < b for t in backward)]
 
@@ -246,7 +247,8 @@ ELEMENT_BYTES = {"float": 4, "double": 8, "long int": 8, "int": 4, "unsigned cha
 
 def whole_bytes(op, event, n):
     """S, the whole buffer as collectives.py (and nccl-tests) counts it, from the sizes the profiler
-    recorded (record_shapes): gloo's all_gather event holds one rank's part, the others the buffer."""
+    recorded (record_shapes): gloo's all_gather event holds one rank's part, the others the
+    buffer."""
     args = event.get("args", {})
     dims, types = args.get("Input Dims") or [[]], args.get("Input type") or ["float"]
     count = 1
@@ -290,7 +292,8 @@ def collectives_table(per_rank, n, fit):
     the same moment on every rank, so the rank that arrived last spent only the transfer in it: the
     measured cost of call k is its shortest span over the ranks, and the row gives the median over
     the calls. A send or a receive is one rank's: its span is given per rank, waits included."""
-    keys = sorted({k for groups, _ in per_rank.values() for k in groups}, key=lambda k: (k[0], -k[1]))
+    keys = sorted({k for groups, _ in per_rank.values() for k in groups},
+                  key=lambda k: (k[0], -k[1]))
     rows = []
     for op, size in keys:
         spans = {rank: groups.get((op, size), []) for rank, (groups, _) in per_rank.items()}
@@ -302,7 +305,8 @@ def collectives_table(per_rank, n, fit):
                    rank_median_s={r: statistics.median(d) for r, d in spans.items() if d},
                    predicted_s=model_time(op, size, n, fit["alpha_s"], fit["beta_Bps"]))
         if op not in ("send", "recv") and len({len(d) for d in spans.values()}) == 1:
-            row["measured_s"] = statistics.median(min(d[k] for d in spans.values()) for k in range(calls))
+            row["measured_s"] = statistics.median(min(d[k] for d in spans.values())
+                                                  for k in range(calls))
         rows.append(row)
     return rows
 
@@ -318,25 +322,31 @@ def format_collectives(rows, fit):
     ms = lambda x: f"{1e3 * x:.2f}"  # noqa: E731
     head = (f"{'op':<14} {'S':>10} {'calls/step':>10} {'each rank ms':>16} {'measured ms':>12} "
             f"{'predicted ms':>13} {'ratio':>6}")
-    lines = [f"collectives per training step against the ring fit (alpha = {1e3 * fit['alpha_s']:.2f} ms, "
-             f"beta = {fit['beta_Bps'] / 1e9:.2f} GB/s; {fit['source']}):", head, "-" * len(head)]
+    title = (f"collectives per training step against the ring fit "
+             f"(alpha = {1e3 * fit['alpha_s']:.2f} ms, beta = {fit['beta_Bps'] / 1e9:.2f} GB/s; "
+             f"{fit['source']}):")
+    lines = [title, head, "-" * len(head)]
     for r in rows:
         ranks = "/".join(ms(v) for _, v in sorted(r["rank_median_s"].items()))
         measured = r.get("measured_s")
         ratio = f"{measured / r['predicted_s']:.2f}" if measured else "-"
-        lines.append(f"{r['op']:<14} {human_bytes(r['bytes']):>10} {r['calls_per_step']:>10.1f} {ranks:>16} "
-                     f"{ms(measured) if measured else '-':>12} {ms(r['predicted_s']):>13} {ratio:>6}")
-    lines.append("(each rank: the median span of the call on that rank, waiting for the others included; "
-                 "measured: the median over the calls of the shortest span, the last rank to arrive)")
+        lines.append(f"{r['op']:<14} {human_bytes(r['bytes']):>10} {r['calls_per_step']:>10.1f} "
+                     f"{ranks:>16} {ms(measured) if measured else '-':>12} "
+                     f"{ms(r['predicted_s']):>13} {ratio:>6}")
+    lines.append("(each rank: the median span of the call on that rank, waiting for the others "
+                 "included; measured: the median over the calls of the shortest span, the last "
+                 "rank to arrive)")
     return "\n".join(lines)
 
 
 def read_fit(path):
     try:
         fit = json.loads(Path(path).read_text())["fit"]
-        return dict(alpha_s=float(fit["alpha_s"]), beta_Bps=float(fit["beta_Bps"]), source=str(path))
+        return dict(alpha_s=float(fit["alpha_s"]), beta_Bps=float(fit["beta_Bps"]),
+                    source=str(path))
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise SystemExit(f"error: --fit {path}: not a diagnose/collectives.py result with a fit ({exc})")
+        raise SystemExit(f"error: --fit {path}: not a diagnose/collectives.py result with a fit "
+                         f"({exc})")
 
 
 def main(argv):
@@ -344,8 +354,9 @@ def main(argv):
     p.add_argument("folder", help="the --out folder of a profiled run")
     p.add_argument("--json", help="also write the table (and MFU) here")
     p.add_argument("--no-mfu", action="store_true", help="skip the FLOP count and the matmul peak")
-    p.add_argument("--fit", help="a diagnose/collectives.py --out result (e.g. assets/collectives.json): "
-                                 "each collective of the step against the ring model's prediction")
+    p.add_argument("--fit", help="a diagnose/collectives.py --out result (e.g. "
+                                 "assets/collectives.json): each collective of the step against "
+                                 "the ring model's prediction")
     args = p.parse_args(argv)
     fit = read_fit(args.fit) if args.fit else None
     ranks = load(args.folder)

@@ -1,6 +1,6 @@
-"""The style written down once (pyproject.toml): ruff finds nothing, lessons keep to 100 columns, and the
-lessons' first lines keep their order (the repo root appended to sys.path, then utils.course_output(), then
-the frameworks)."""
+"""The style written down once (pyproject.toml): ruff finds nothing, lessons (and the diagnose/ scripts) keep to
+100 columns, and the lessons' first lines keep their order (the repo root appended to sys.path, then
+utils.course_output(), then the frameworks)."""
 import re
 import subprocess
 import sys
@@ -14,6 +14,9 @@ LESSONS = ["DDP/main.py", "horovod/pytorch/main.py", "horovod/tensorflow/main.py
            "horovod/tensorflow/keras_main.py", "deepspeed/main.py", "zero/main.py", "zero/census.py",
            "zero/report.py", "zero/fsdp_checkpoint.py", "model_parallel/common.py", "model_parallel/tensor_parallel.py",
            "model_parallel/pipeline_parallel.py"]
+# The diagnose/ chapter's scripts are read beside its README like a lesson: 100 columns too. Only overlap.py runs
+# as a lesson does (utils.course_output(), then torch at the top); the others import torch inside functions.
+DIAGNOSE = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "diagnose").glob("*.py"))
 UTILS = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "utils").glob("*.py"))
 FRAMEWORKS = ("torch", "tensorflow", "tf_keras", "keras", "horovod", "deepspeed")
 
@@ -36,7 +39,7 @@ def test_ruff_finds_nothing():
     assert result.returncode == 0, f"ruff check (fix these, see pyproject.toml):\n{result.stdout}{result.stderr}"
 
 
-@pytest.mark.parametrize("path", LESSONS + UTILS)
+@pytest.mark.parametrize("path", LESSONS + DIAGNOSE + UTILS)
 def test_lessons_and_utils_keep_to_100_columns(path):
     assert line_length(path) == 100, f"{path}: no .ruff.toml with line-length = 100 in its folder"
 
@@ -46,7 +49,8 @@ def test_tools_and_tests_keep_to_120_columns(path):
     assert line_length(path) == 120, path
 
 
-@pytest.mark.parametrize("path", [p for p in LESSONS if p.endswith(("main.py", "_parallel.py"))])
+@pytest.mark.parametrize("path", [p for p in LESSONS if p.endswith(("main.py", "_parallel.py"))]
+                         + ["diagnose/overlap.py"])
 def test_course_output_comes_before_the_frameworks(path):
     """Import sorting must not move these: the sys.path line makes `utils` importable, and course_output()
     must run before a framework import can fail or print."""
