@@ -187,9 +187,11 @@ log.run_main(main)
 
 
 def test_the_launchers_sigterm_while_the_peer_error_is_written_leaves_that_one_line():
-    """The race CI met: rank 1 killed, rank 0's gloo call fails, and while rank 0 writes its one line
-    torchrun sends it SIGTERM. The line of the error that came first must come out, with its exit
-    code, and no traceback (it used to end in `Interrupted: SIGTERM` raised inside the line's making)."""
+    """A launcher that sees one rank die sends the others SIGTERM, and it can land while a rank is
+    still making its line about the lost peer (RACE sends it from inside log._peer_line, so the
+    timing is certain). Raised there, the signal's Interrupted would replace that line with a
+    traceback; run_main calls interrupts.ending() before making the line, so a later signal is
+    noted, not raised. The error that came first is the one reported: one line, exit 1, no traceback."""
     result = run([sys.executable, "-c", RACE, ROOT], timeout=120)
     errors = error_lines(result.stderr)
     assert result.returncode == 1, result.stderr

@@ -33,7 +33,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PHASES = ("forward", "backward", "wait", "optimizer")
-PYTORCH_EXAMPLES = {"ddp": "ddp", "horovod-pytorch": "horovod", "deepspeed": "deepspeed",  # dist.EXAMPLES names
+PYTORCH_EXAMPLES = {"ddp": "ddp", "horovod-pytorch": "horovod", "deepspeed": "deepspeed",  # launch.EXAMPLES names
                     "tensor-parallel": "model_parallel", "pipeline-parallel": "model_parallel"}
 
 
