@@ -318,9 +318,9 @@ def gather_object(obj):
 
 
 def shutdown():
-    """Leave together: a rank that tears down gloo while its peer is still writing the summary can
-    make the peer's gloo threads abort ("terminate called without an active exception") after a
-    successful run."""
+    """Leave together: every rank is past its last collective before any rank unregisters the
+    groups. (The groups' gloo threads live on while the wrapped model holds them; run_main ends a
+    finished rank without the interpreter's finalization, which would tear them down.)"""
     if _initialized():
         import torch.distributed as tdist
         tdist.barrier()

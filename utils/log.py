@@ -13,7 +13,7 @@ import time
 
 from utils.errors import UserError, fail  # re-exported: the lessons' log.fail, log.UserError
 
-_RANK = 0
+_RANK = None  # configure() sets it; None: a failure before it
 _ALL_RANKS = False
 _PREFIX = ""
 
@@ -26,10 +26,19 @@ def configure(rank, local_rank=0, log_all_ranks=False):
     _PREFIX = f"[rank {rank}, local {local_rank}] " if log_all_ranks else ""
 
 
+def _rank():
+    """This rank's number: the one configure() was given. A failure before configure() (a bad
+    device, a signal during start-up) reads it from the launcher's variables instead."""
+    if _RANK is not None:
+        return _RANK
+    from utils.dist import discover  # imported here: utils.dist imports nothing from this module
+    return discover().rank
+
+
 def info(message):
     """Print on rank 0 (or on every rank with --log-all-ranks, prefixed by its global and local
     rank)."""
-    if _RANK == 0 or _ALL_RANKS:
+    if _rank() == 0 or _ALL_RANKS:
         # One write per line (print() writes text and newline apart): lines from ranks sharing a
         # pipe stay whole.
         prefix = _PREFIX if _ALL_RANKS else ""
@@ -96,8 +105,7 @@ def remove_debris():
     removes)."""
     import shutil
 
-    from utils.dist import discover
-    if discover().rank != 0:
+    if _rank() != 0:
         return
     for folder in _CREATED:
         if os.path.isdir(folder) and not _holds_results(folder):
@@ -126,12 +134,11 @@ def _last_checkpoint():
 def _stopped_line(signum):
     import signal
 
-    from utils.dist import discover
     checkpoint, log_dir = _last_checkpoint()
     rerun = "rerun with --resume auto" + (f" --log-dir {log_dir}" if log_dir else "")
     kept = (f"last good checkpoint: {checkpoint}; {rerun} to continue from it" if checkpoint else
             "no checkpoint written yet: a rerun starts at epoch 1")
-    return f"rank {discover().rank} stopped by {signal.Signals(signum).name} {_where()}: {kept}"
+    return f"rank {_rank()} stopped by {signal.Signals(signum).name} {_where()}: {kept}"
 
 
 def _frames(exc):
@@ -157,14 +164,13 @@ def _waited_where(exc):
 
 
 def _peer_line(exc):
-    from utils.dist import discover
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
     peer_line = next((line for line in lines if any(text in line for text in PEER_ERROR_TEXTS)),
                      lines[0])
     detail = next((line for line in lines if "monitoredBarrier" in line), peer_line)[:240]
     what, where = _waited_where(exc)
     call = f"in {what} at {where} " if where else ""
-    rank = discover().rank
+    rank = _rank()
     timeout = getattr(_RUN.get("args"), "dist_timeout", None)
     # Horovod reports a gloo timeout only as "Horovod has been shut down": the time since the last
     # step says it
@@ -186,7 +192,7 @@ def _peer_line(exc):
             f"the collective timeout): {detail}")
 
 
-def run_main(main, skip_finalization=False):
+def run_main(main):
     """Call main(), and end every way it can go wrong in one line on stderr instead of a traceback:
 
     - a UserError (bad input): one line, exit 2;
@@ -195,10 +201,8 @@ def run_main(main, skip_finalization=False):
     - a lost peer (a rank that died, or hung past the collective timeout): which rank waited, in
       which collective at which line, in which epoch and step, and what to do next; exit 1.
 
-    skip_finalization: after a finished main(), leave at once (exit 0) without the interpreter's
-    finalization. For FSDP2: its device mesh keeps a reference to the process group, so gloo's
-    threads can outlive destroy_process_group and be torn down with the interpreter, which can abort
-    a rank after a finished run ("terminate called without an active exception").
+    A finished main() leaves through _leave_finished(): exit 0 without the interpreter's
+    finalization (why: its docstring).
 
     A run that fails before its first result removes the folders it created. Under torchrun the
     line also goes into the worker's error file, so torchrun's report names it as the cause. A bug
@@ -208,10 +212,7 @@ def run_main(main, skip_finalization=False):
     interrupts.install()
     try:
         main()
-        if skip_finalization:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(0)
+        _leave_finished()
     except SystemExit as exc:
         if exc.code not in (0, None):
             remove_debris()
@@ -235,6 +236,18 @@ def run_main(main, skip_finalization=False):
             record_for_torchrun(traceback.format_exc())
             raise  # a bug: keep the traceback
         _quit(_peer_line(exc), 1)
+
+
+def _leave_finished():
+    """Exit 0 after the exit handlers (Horovod's shutdown, mpi4py's MPI_Finalize, the TensorBoard
+    file's close), without the interpreter's finalization. destroy_process_group() only unregisters
+    the process group: the wrapped model (DDP's reducer, DeepSpeed's engine, FSDP2's mesh) still
+    holds it, and with it gloo's threads. Finalization would tear those down in no fixed order,
+    which can abort a rank after its summary ("terminate called without an active exception")."""
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _quit(line, code, prefix="error"):

@@ -233,6 +233,4 @@ def main():
 
 
 if __name__ == "__main__":
-    # Done, result written: leave without the interpreter's finalization, where FSDP2's gloo
-    # threads can abort a finished rank (utils/log.run_main says why).
-    log.run_main(main, skip_finalization=True)
+    log.run_main(main)
