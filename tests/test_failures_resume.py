@@ -20,9 +20,10 @@ from failures_support import (  # noqa: F401  (fixtures)
 )
 from support import error_lines, launch_command, metrics, python, run, summary, torchrun
 
-pytestmark = pytest.mark.long  # `make test-all`; not in `make test` (CI's time)
+LONG = pytest.mark.long  # `make test-all`; not in `make test` (CI's time): the whole-run comparisons
 
 
+@LONG
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_same_command_twice_gives_identical_metrics(tmp_path, tiny, straight_run, script):
     """Pinned: --seed (weight init: torch.manual_seed / keras.utils.set_random_seed), the data order (numpy
@@ -34,6 +35,7 @@ def test_same_command_twice_gives_identical_metrics(tmp_path, tiny, straight_run
     assert summary(tmp_path)["param_checksums"] == summary(first)["param_checksums"]
 
 
+@LONG
 @pytest.mark.parametrize("script,fault", [
     # killed while writing epoch 2's checkpoint: half a temporary file, no rename
     (DDP, {"COURSE_DIE_IN_WRITE": "checkpoint.pt:2"}),
@@ -73,6 +75,7 @@ def test_killed_run_resumes_to_the_uninterrupted_result(tmp_path, tiny, straight
 
 
 
+@LONG
 def test_torchrun_elastic_restart_resumes_from_the_checkpoint(tmp_path, tiny):
     """--max-restarts 1, rank 1 exits at epoch 2 step 3 once: torchrun restarts both workers, which pick up
     epoch 1's checkpoint by themselves (--resume auto) and end exactly where an uninterrupted run ends."""
@@ -98,8 +101,6 @@ def test_resume_auto_without_a_checkpoint_says_so_and_plain_resume_refuses_leavi
     assert result.returncode == 2 and len(error_lines(result.stderr)) == 1
     assert "--resume: no checkpoint at" in result.stderr
     assert not (tmp_path / "plain").exists()  # the folder it had created is gone again
-
-
 
 
 def test_parse_changes_no_value_and_the_helpers_decide_whether_to_resume(tmp_path, capsys):

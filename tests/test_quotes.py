@@ -124,13 +124,28 @@ def frames_in_notes():
 
 
 @pytest.mark.parametrize("note, path, line, function", list(frames_in_notes()))
-def test_a_quoted_stack_frame_is_inside_its_function(note, path, line, function):
+def test_a_quoted_stack_frame_is_a_line_of_code_in_its_function(note, path, line, function):
+    """The frame's line is where a statement or a call of that function begins (not a docstring, a comment or
+    a blank line): a frame that moved with an edit of the file is caught, not only one that left the function."""
     import ast
     tree = ast.parse((ROOT / path).read_text())
     line = int(line)
     if function == "<module>":
-        assert any(node.lineno <= line <= node.end_lineno for node in tree.body), (note, path, line)
-        return
-    spans = [(node.lineno, node.end_lineno) for node in ast.walk(tree)
-             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == function]
-    assert any(start <= line <= end for start, end in spans), f"{note}: {path}:{line} is not in {function}() {spans}"
+        scopes = [tree]
+    else:
+        scopes = [node for node in ast.walk(tree)
+                  if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == function]
+    code_lines = {node.lineno for scope in scopes for node in ast.walk(scope)
+                  if isinstance(node, (ast.stmt, ast.Call)) and node is not scope
+                  and not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant))}
+    assert line in code_lines, f"{note}: {path}:{line} is not a line of code in {function}()"
+
+
+def test_the_frame_rule_catches_a_docstring_line():
+    import ast
+    tree = ast.parse((ROOT / "utils/log.py").read_text())
+    (run_main,) = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "run_main"]
+    docstring_line = run_main.body[0].lineno + 1
+    with pytest.raises(AssertionError):
+        test_a_quoted_stack_frame_is_a_line_of_code_in_its_function("x.md", "utils/log.py", docstring_line,
+                                                                      "run_main")
