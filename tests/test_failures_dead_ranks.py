@@ -53,6 +53,10 @@ def test_a_hung_rank_ends_the_job_after_the_collective_timeout(tmp_path, script,
     said = r"error: rank 0 waited 1\d s in \w+ at \S+:\d+ in epoch 1 after step \d+/\d+ .*diagnose/stacks.py"
     waited = [line for line in error_lines(output) if re.search(said, line)]
     assert len(waited) == 1, output[-4000:]
+    if launcher is torchrun:  # torchrun's report names that line as the root cause, from the worker's error file
+        root_cause = output.split("Root Cause (first observed failure):")[-1]
+        assert "Root Cause" in output and "error_file: <N/A>" not in root_cause, output[-3000:]
+        assert re.search(r"traceback : " + said, root_cause), root_cause
     assert_no_traceback_through_the_example(output)
     assert_log_dir_sound(tmp_path / "log")
 
