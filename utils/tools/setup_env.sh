@@ -28,11 +28,16 @@ trap on_error ERR
 sha() { sha256sum | cut -c1-16; }
 
 # --- 0. refuse to shadow an ALCF software stack --------------------------------------------------
-if [[ -z "${SCALING_DL_FORCE_VENV:-}" ]] && { [[ -d /soft/modulefiles ]] || [[ -d /lus/eagle ]] || [[ -d /lus/theta-fs0 ]]; }; then
+# Aurora: /lus/flare. Polaris and Sophia (ThetaGPU's nodes) share /lus/eagle and /soft/modulefiles.
+# (Theta and ThetaGPU, with /lus/theta-fs0, stopped running jobs on 2023-12-31.)
+if [[ -z "${SCALING_DL_FORCE_VENV:-}" ]] && { [[ -d /soft/modulefiles ]] || [[ -d /lus/flare ]] || [[ -d /lus/eagle ]]; }; then
   cat >&2 <<'EOF'
-This looks like an ALCF machine (Polaris/ThetaGPU/Theta). Do not build the laptop venv here: its PyPI
-mpich wheel and pip-installed frameworks would shadow Cray MPICH and the GPU builds of the conda module.
-Use instead:   module use /soft/modulefiles; module load conda; conda activate
+This looks like an ALCF machine (Aurora, Polaris or Sophia). Do not build the laptop venv here: its PyPI
+mpich wheel and pip-installed frameworks would shadow the machine's MPI (Cray MPICH on Aurora and Polaris,
+Open MPI on Sophia) and the GPU builds of its modules. Use instead:
+  Aurora:   module load frameworks
+  Polaris:  module use /soft/modulefiles; module load conda; conda activate
+  Sophia:   module use /soft/modulefiles; module load conda; conda activate base
 and the job scripts in submissions/. (SCALING_DL_FORCE_VENV=1 overrides this check; not recommended.)
 EOF
   exit 1
