@@ -6,7 +6,7 @@
 #   step CMD...        print CMD, then run it in this shell (module, export); DRY_RUN=1: print only
 #   launch CMD...      print CMD, run it, copy its output to $RUN_DIR/output.log; DRY_RUN=1: print
 #   example_script X   the script of example X in utils/tools/examples.tsv (the one table)
-#   nodes_in FILE      hosts in a node file (one a line)
+#   nodes_in FILE      hosts in a node file (one a line); a dry run without one: 1
 #   ranks_to_run N     N; with SWEEP=1 (scale.sh) 1 2 4 ... N, or SWEEP_RANKS
 #   new_run M N PPN    RUN_DIR=runs/M/<example>/<job id>.nN (a sweep: <example>-scale/<job id>/nN)
 #                      and COURSE_FLAGS (--num-threads, --log-dir) when SCRIPT is a course example
@@ -36,11 +36,16 @@ step() {
   if [[ "${DRY_RUN:-0}" != 1 || "$1" == export ]]; then "$@"; fi
 }
 
+# A signal to this script (qdel, walltime, scancel: TERM; Ctrl-C: INT) goes at once to the launcher
+# alone (run in the background, its own process group: Ctrl-C reaches it once); tee ignores it.
+stop() { kill -s "$1" "$(jobs -pr)" 2>/dev/null || true; wait; exit $((128 + $(kill -l "$1"))); }
+trap 'stop INT' INT; trap 'stop TERM' TERM
 launch() {
   show "$(quote "$@")"
   if [[ "${DRY_RUN:-0}" == 1 ]]; then return 0; fi
   LAUNCHED=$RUN_WHAT
-  "$@" 2>&1 | tee "$RUN_DIR/output.log"
+  set -m; "$@" < /dev/null 2>&1 | (trap '' INT TERM; exec tee "$RUN_DIR/output.log") & set +m
+  wait $!
 }
 
 example_script() {
@@ -54,12 +59,12 @@ is_example() {
   [[ "$1" == "$REPO_DIR"/* && -f "$EXAMPLES_TSV" ]] &&
     cut -f 2 "$EXAMPLES_TSV" | grep -qxF "${1#"$REPO_DIR"/}"
 }
-
 nodes_in() {
+  [[ -n "$1" || "${DRY_RUN:-0}" != 1 ]] ||
+    { echo "dry run: no node file, assuming 1 node (this host)" >&2; echo 1; return; }
   [[ -n "$1" && -r "$1" ]] || fail "node file '$1' missing: run this inside a job (or qsub -I)"
   grep -c '[^[:space:]]' "$1"
 }
-
 ranks_to_run() {
   local n=1 points=()
   [[ "$1" =~ ^[1-9][0-9]*$ ]] || fail "ranks must be a positive integer, got '$1'"
@@ -67,9 +72,8 @@ ranks_to_run() {
   if [[ -n "${SWEEP_RANKS:-}" ]]; then
     read -r -a points <<< "$SWEEP_RANKS"
     for n in "${points[@]}"; do
-      if ! [[ "$n" =~ ^[1-9][0-9]*$ ]] || ((n > $1)); then
+      { [[ "$n" =~ ^[1-9][0-9]*$ ]] && ((n <= $1)); } ||
         fail "SWEEP_RANKS: '$n' is not between 1 and the $1 ranks of this job"
-      fi
     done
   else
     while ((n < $1)); do points+=("$n"); n=$((n * 2)); done
@@ -77,17 +81,14 @@ ranks_to_run() {
   fi
   echo "${points[*]}"
 }
-
 job_id() { local id=${PBS_JOBID:-${SLURM_JOB_ID:-$(date +%Y%m%d-%H%M%S)}}; echo "${id%%.*}"; }
-
 # shellcheck disable=SC2034,SC2153  # SCRIPT comes from the job script, COURSE_FLAGS goes back
 new_run() {
   local machine=$1 n=$2 ppn=$3 name base i=2
   if is_example "$SCRIPT"; then name=${EXAMPLE:-ddp}; else name=$(basename "${SCRIPT%.*}"); fi
   base="${RUNS_DIR:-$REPO_DIR/runs}/$machine/$name"
   if [[ "${SWEEP:-0}" == 1 ]]; then
-    : "${SWEEP_DIR:=$base-scale/$(job_id)}"
-    RUN_DIR="$SWEEP_DIR/n$n"
+    RUN_DIR="${SWEEP_DIR:=$base-scale/$(job_id)}/n$n"
   else
     RUN_DIR="$base/$(job_id).n$n"
     while [[ -e "$RUN_DIR" ]]; do RUN_DIR="$base/$(job_id).n$n.$i"; i=$((i + 1)); done
@@ -142,9 +143,8 @@ if base is None:
     print("(speedup and efficiency need a 1-rank run to compare with: scale.sh makes one)")
 EOF
   fi
-  if ((status != 0)) && [[ -n "${LAUNCHED:-}" ]]; then  # the job's last line says what failed
+  ((status == 0)) || [[ -z "${LAUNCHED:-}" ]] ||  # the job's last line says what failed
     echo "error: $LAUNCHED exited with $status (output in $RUN_DIR/output.log)" >&2
-  fi
   return "$status"
 }
 trap 'report $?' EXIT

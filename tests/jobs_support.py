@@ -40,6 +40,15 @@ EXAMPLES = dict(
     if line and not line.startswith("#")
 )
 QUICK = ["--epochs", "1", "--max-steps", "3", "--device", "cpu", "--num-threads", "1"]
+# Open MPI's mpirun passes no environment on by itself: sophia/train.sh adds `-x NAME` for each of
+# these that is set, in this order (besides PATH, OMP_NUM_THREADS, MASTER_ADDR, MASTER_PORT).
+FORWARDED = (
+    "LD_LIBRARY_PATH",
+    "PYTHONPATH",
+    "CONDA_PREFIX",
+    "COURSE_VERBOSE",
+    "TF_CPP_MIN_LOG_LEVEL",
+)
 
 LAUNCHER_SHIM = r'''#!{python}
 """Stand-in for Cray PALS mpiexec, Open MPI mpirun or srun: check the options against the job,
@@ -194,6 +203,16 @@ def job_command(script, tmp_path):
     return ["bash", copy]
 
 
+def forwarded(env):
+    """sophia/train.sh's `-x NAME` words for a job run with support.run and the settings `env`:
+    run() starts from this process's environment with TF_CPP_MIN_LOG_LEVEL=2, puts tests/hooks on
+    PYTHONPATH when a COURSE_ setting is given, then applies `env`."""
+    seen = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **env}
+    if any(name.startswith("COURSE_") for name in env):
+        seen["PYTHONPATH"] = "tests/hooks"
+    return [word for name in FORWARDED if seen.get(name) for word in ("-x", name)]
+
+
 def shim_calls(tmp_path):
     log = tmp_path / "shim.log"
     return log.read_text().splitlines() if log.exists() else []
@@ -263,7 +282,8 @@ def expected_launch(
     script, machine, nranks, ppn, extra=(), log_dir=None, example="ddp", rpn=None, **values
 ):
     """The launch line `script` should print for `nranks` ranks, `ppn` per node (`rpn` per node
-    in the job, default ppn): its own text, expanded."""
+    in the job, default ppn): its own text, expanded. A list in `values` is an array of the
+    script's ("${NAME[@]}")."""
     flags = [
         "--num-threads",
         str(threads(machine, rpn or ppn, values.get("CPUS"))),
@@ -271,6 +291,7 @@ def expected_launch(
         str(log_dir),
     ]
     arrays = {"${COURSE_FLAGS[@]}": flags, "$@": list(extra)}
+    arrays.update({f"${{{name}[@]}}": v for name, v in values.items() if isinstance(v, list)})
     values = {
         "NRANKS": nranks,
         "PPN": ppn,

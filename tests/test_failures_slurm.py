@@ -2,8 +2,9 @@
 (submissions/slurm/train.sh, DDP, 2 ranks) sends SIGTERM to its job step, as `sbatch
 --signal=TERM@<seconds>` does before the walltime; every rank says where it stopped and which
 checkpoint to continue from, in one line, and the job ends. (A plain `scancel` also signals the
-batch script, whose `tee` of the output then dies with it.) Uses tests/test_slurm.py's cluster
-(`make slurm-up`) and job helpers."""
+batch script, which passes the signal on to srun while its `tee` ignores it and keeps copying:
+tests/test_jobs_local.py checks that path with the workstation script.) Uses tests/test_slurm.py's
+cluster (`make slurm-up`) and job helpers."""
 
 import re
 import time

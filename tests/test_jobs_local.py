@@ -1,8 +1,14 @@
 """submissions/local: the workstation scripts run for real with the course's .venv (2 ranks, a few
 steps)."""
 
+import os
+import re
+import signal
+import subprocess
+import time
+
 from jobs_support import EXAMPLES, QUICK, SUB, expected_launch, launches, printed
-from support import BIN, ROOT, check, metrics, run
+from support import BIN, ROOT, check, kill_tree, metrics, run
 
 PATH = "/usr/local/bin:/usr/bin:/bin"  # no .venv on PATH: the script activates it itself
 
@@ -90,6 +96,44 @@ def test_a_copy_runs_your_own_script_after_one_changed_line(tmp_path):
     (run_dir,) = (tmp_path / "runs" / "local" / "hello").iterdir()
     assert "hello from rank 0" in (run_dir / "output.log").read_text()
     assert "samples/s" not in result.stdout  # the metrics table is for the course's examples
+
+
+def test_sigterm_to_the_script_reaches_the_ranks_and_their_lines_reach_the_log(tmp_path):
+    """qdel, a walltime or a plain scancel signal the job's shell: train.sh passes SIGTERM on to
+    its launcher (not to tee), waits, and exits 143; each rank's "stopped" line reaches
+    output.log."""
+    args = "--epochs 50 --max-steps 20 --log-interval 5 --device cpu --num-threads 1"
+    env = dict(os.environ, PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2")
+    env.update(local_env(tmp_path, NRANKS="2", EXAMPLE="ddp", TRAIN_ARGS=args))
+    job_out = tmp_path / "job.out"
+    with open(job_out, "w") as out:
+        proc = subprocess.Popen(
+            ["bash", str(SUB / "local" / "train.sh")],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 240
+        while not re.search(r"^epoch 1 step 5/", job_out.read_text(), re.MULTILINE):  # ranks train
+            assert proc.poll() is None, f"exited early ({proc.returncode}):\n{job_out.read_text()}"
+            assert time.monotonic() < deadline, f"no training line:\n{job_out.read_text()[-3000:]}"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)  # the script's own process, not its process group
+        rc = proc.wait(timeout=60)
+    finally:
+        kill_tree(proc)
+        proc.wait()
+    output = job_out.read_text()
+    assert rc == 143, f"exit {rc}:\n{output[-3000:]}"
+    (run_dir,) = (tmp_path / "runs" / "local" / "ddp").iterdir()
+    log = (run_dir / "output.log").read_text()
+    for text in (log, output):
+        ranks = re.findall(r"^stopped: rank (\d) stopped by SIGTERM", text, re.MULTILINE)
+        assert sorted(ranks) == ["0", "1"], text[-3000:]
+        assert "Traceback" not in text, text[-3000:]
 
 
 def test_every_example_in_the_table_exists():

@@ -4,6 +4,8 @@
 The dry run prints the plan; the real runs train on CPUs through the launcher's stand-in. Each
 printed launch line must be the one written in the script's text, with its variables' values."""
 
+import socket
+
 import pytest
 
 from jobs_support import (
@@ -13,6 +15,7 @@ from jobs_support import (
     QUICK,
     SUB,
     expected_launch,
+    forwarded,
     job_command,
     launches,
     nodes_asked,
@@ -56,7 +59,7 @@ def values(machine, env, rpn):
     return {
         "aurora": {"CPU_BIND": AURORA_LIST},
         "polaris": {"DEPTH": 32 // rpn},
-        "sophia": {"PBS_NODEFILE": env["PBS_NODEFILE"]},
+        "sophia": {"PBS_NODEFILE": env["PBS_NODEFILE"], "FORWARD": forwarded(env)},
     }[machine]
 
 
@@ -178,14 +181,57 @@ def test_bad_example_and_missing_node_file_are_one_line_errors(tmp_path):
     assert line.startswith("error: EXAMPLE must be one of: ") and all(
         name in line for name in EXAMPLES
     )
-    result, _ = job("polaris", tmp_path, 1, PBS_NODEFILE="", DRY_RUN="1")
+    result, _ = job("polaris", tmp_path, 1, PBS_NODEFILE="")  # a real run needs the job's nodes
     assert result.returncode != 0 and result.stderr.splitlines() == [
         "error: node file '' missing: run this inside a job (or qsub -I)"
     ]
+    assert shim_launches(tmp_path) == [] and not (tmp_path / "runs").exists()
     result, _ = job("polaris", tmp_path, 1, stem="scale", DRY_RUN="1", SWEEP_RANKS="1 8")
     assert result.returncode != 0 and result.stderr.splitlines() == [
         "error: SWEEP_RANKS: '8' is not between 1 and the 4 ranks of this job"
     ]
+
+
+@pytest.mark.parametrize("machine", PBS)
+def test_dry_run_outside_a_job_plans_one_node(tmp_path, machine):
+    """`DRY_RUN=1 bash submissions/<machine>/train.sh` on a login node (no PBS variables): the plan
+    for 1 node, and one line that says so."""
+    env = scheduler_env(machine, tmp_path, 1)
+    env.update(DRY_RUN="1", PBS_NODEFILE="", PBS_JOBID="", PBS_O_WORKDIR="")
+    result = run(["bash", SUB / machine / "train.sh"], env=env, timeout=60)
+    out = check(result).stdout
+    assert result.stderr.splitlines() == ["dry run: no node file, assuming 1 node (this host)"]
+    rpn = GPUS_PER_NODE[machine]
+    (words,) = launches(out, machine)
+    assert words[words.index("-n") + 1] == str(rpn)  # Polaris: -n 4
+    (log_dir,) = {w for w in words if str(tmp_path / "runs" / machine / "ddp") in w}
+    assert words == expected_launch(
+        SUB / machine / "train.sh", machine, rpn, rpn, (), log_dir, **values(machine, env, rpn)
+    )
+    if machine != "polaris":  # rank 0's host: this one
+        assert f"MASTER_ADDR={socket.gethostname()}" in exports(out)
+    assert shim_calls(tmp_path) == [] and not (tmp_path / "runs").exists()
+
+
+def test_sophia_passes_the_courses_settings_and_no_empty_ones(tmp_path):
+    """Open MPI passes no environment on by itself: the settings the other launchers pass
+    implicitly go by -x, each only when set; nothing is exported empty."""
+    settings = dict(
+        LD_LIBRARY_PATH="/opt/x/lib",
+        PYTHONPATH="/opt/py",
+        CONDA_PREFIX="/opt/conda",
+        COURSE_VERBOSE="1",
+        TF_CPP_MIN_LOG_LEVEL="1",
+    )
+    result, _ = job("sophia", tmp_path, 1, DRY_RUN="1", **settings)
+    (words,) = launches(check(result).stdout, "sophia")
+    names = [words[i + 1] for i, w in enumerate(words) if w == "-x"]
+    assert names == ["PATH", "OMP_NUM_THREADS", "MASTER_ADDR", "MASTER_PORT", *settings], words
+    result, _ = job("sophia", tmp_path, 1, DRY_RUN="1", LD_LIBRARY_PATH="")
+    out = check(result).stdout
+    (words,) = launches(out, "sophia")
+    assert "LD_LIBRARY_PATH" not in words, words
+    assert not [e for e in exports(out) if e.endswith("=")], exports(out)
 
 
 def test_polaris_nccl_settings_when_asked(tmp_path):

@@ -15,7 +15,7 @@
 #   qsub -A <project> submissions/aurora/train.sh                         # DDP on 1 node: 12 ranks
 #   qsub -A <project> -l select=2 -v EXAMPLE=deepspeed submissions/aurora/train.sh
 #   qsub -A <project> -v TRAIN_ARGS="--epochs 4" submissions/aurora/train.sh
-#   DRY_RUN=1 bash submissions/aurora/train.sh      # print the commands (inside a job: qsub -I ...)
+#   DRY_RUN=1 bash submissions/aurora/train.sh      # print the commands (outside a job: for 1 node)
 # Your own training script: change the SCRIPT= line. Options: submissions/README.md (Aurora).
 
 # PBS runs a copy of this script: the repository is where you ran qsub, or REPO_DIR.
@@ -56,7 +56,8 @@ step export OMP_NUM_THREADS=8 ZE_FLAT_DEVICE_HIERARCHY=FLAT
 step export CCL_PROCESS_LAUNCHER=pmix CCL_ATL_TRANSPORT=mpi CCL_KVS_MODE=mpi \
   FI_MR_CACHE_MONITOR=userfaultfd
 if ((NNODES > 1)); then step export CCL_KVS_CONNECTION_TIMEOUT=300; fi  # many nodes start slowly
-step export MASTER_ADDR="$(head -n 1 "$PBS_NODEFILE")"
+# rank 0 runs on the node file's first host (a dry run outside a job: this host)
+step export MASTER_ADDR="$(head -n 1 "$PBS_NODEFILE" 2>/dev/null || hostname)"
 
 # --- launch: all ranks at once (scale.sh: one run at 1, 2, 4, ... ranks each) ---------------------
 RANKS=$(ranks_to_run "$NRANKS")  # all at once; scale.sh: 1 2 4 ...

@@ -13,7 +13,7 @@
 #   qsub -A <project> submissions/polaris/train.sh                        # DDP on 1 node: 4 ranks
 #   qsub -A <project> -l select=2:system=polaris -v EXAMPLE=deepspeed submissions/polaris/train.sh
 #   qsub -A <project> -v TRAIN_ARGS="--epochs 4" submissions/polaris/train.sh
-#   DRY_RUN=1 bash submissions/polaris/train.sh     # print the commands (inside a job: qsub -I ...)
+#   DRY_RUN=1 bash submissions/polaris/train.sh     # print the commands (outside a job: for 1 node)
 # Your own training script: change the SCRIPT= line. Options: submissions/README.md (Polaris).
 
 # PBS runs a copy of this script: the repository is where you ran qsub, or REPO_DIR.

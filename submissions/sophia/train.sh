@@ -13,7 +13,7 @@
 #
 #   qsub -A <project> submissions/sophia/train.sh                         # DDP on 1 node: 8 ranks
 #   qsub -A <project> -l select=2 -v EXAMPLE=horovod-pytorch submissions/sophia/train.sh
-#   DRY_RUN=1 bash submissions/sophia/train.sh      # print the commands (inside a job: qsub -I ...)
+#   DRY_RUN=1 bash submissions/sophia/train.sh      # print the commands (outside a job: for 1 node)
 # Your own training script: change the SCRIPT= line. Options: submissions/README.md (Sophia).
 
 # PBS runs a copy of this script: the repository is where you ran qsub, or REPO_DIR.
@@ -42,15 +42,22 @@ NNODES=$(nodes_in "$PBS_NODEFILE")
 RANKS_PER_NODE=${RANKS_PER_NODE:-8}      # 8 A100 per node (a by-gpu job: the GPUs you asked for)
 NRANKS=$((NNODES * RANKS_PER_NODE))
 step export OMP_NUM_THREADS=16           # 2 x 64 cores, 16 per GPU
-step export MASTER_ADDR="$(head -n 1 "$PBS_NODEFILE")" MASTER_PORT="${MASTER_PORT:-29500}"
-step export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}"
+# rank 0 runs on the node file's first host (a dry run outside a job: this host)
+step export MASTER_ADDR="$(head -n 1 "$PBS_NODEFILE" 2>/dev/null || hostname)" \
+  MASTER_PORT="${MASTER_PORT:-29500}"
 
 # --- launch: all ranks at once (scale.sh: one run at 1, 2, 4, ... ranks each) ---------------------
-# Open MPI passes no environment on by itself: -x names what the ranks need.
+# Open MPI passes no environment on by itself (Cray MPICH's mpiexec and srun pass all of it): -x
+# names what the ranks need, and these where set: libraries, conda, the course's COURSE_VERBOSE=1
+# and TensorFlow's log level
+FORWARD=()
+for name in LD_LIBRARY_PATH PYTHONPATH CONDA_PREFIX COURSE_VERBOSE TF_CPP_MIN_LOG_LEVEL; do
+  if [[ -n "$(printenv "$name")" ]]; then FORWARD+=(-x "$name"); fi
+done
 RANKS=$(ranks_to_run "$NRANKS")  # all at once; scale.sh: 1 2 4 ...
 for NRANKS in $RANKS; do
   PPN=$((NRANKS < RANKS_PER_NODE ? NRANKS : RANKS_PER_NODE))
   new_run sophia "$NRANKS" "$PPN"  # RUN_DIR; COURSE_FLAGS for the examples
-  launch mpirun -n "$NRANKS" -N "$PPN" --hostfile "$PBS_NODEFILE" -x PATH -x LD_LIBRARY_PATH \
-    -x OMP_NUM_THREADS -x MASTER_ADDR -x MASTER_PORT python "$SCRIPT" "${COURSE_FLAGS[@]}" "$@"
+  launch mpirun -n "$NRANKS" -N "$PPN" --hostfile "$PBS_NODEFILE" -x PATH -x OMP_NUM_THREADS \
+    -x MASTER_ADDR -x MASTER_PORT "${FORWARD[@]}" python "$SCRIPT" "${COURSE_FLAGS[@]}" "$@"
 done
