@@ -9,8 +9,8 @@
 # A second run only checks stamps and takes seconds. Rebuilds happen when requirements, the torch/TF
 # versions, the Horovod patch or the CUDA mode change.
 #
-# Not for ALCF machines: there the frameworks and Cray MPICH come from the conda module, and a venv with
-# the PyPI mpich wheel would shadow them. See README.md ("On ALCF machines").
+# Not for ALCF machines: there the frameworks and the MPI come from the modules (frameworks on Aurora, conda
+# on Polaris and Sophia), and a venv with the PyPI mpich wheel would shadow them. See README.md ("On ALCF machines").
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
