@@ -14,7 +14,17 @@ ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent  # the venv's bin: torchrun, mpiexec, horovodrun, deepspeed
 sys.path.append(str(ROOT))  # after site-packages: `import horovod` stays the library
 from utils.dist import free_port  # noqa: F401  (the tests import it from here)
-from utils.tools.launch import launch_command
+from utils.tools.launch import EXAMPLES, launch_command
+
+# The examples' scripts, relative to the repository root, from the one table of them (utils/tools/examples.tsv).
+DDP = EXAMPLES["ddp"]
+HVD_TORCH = EXAMPLES["horovod-pytorch"]
+HVD_TF = EXAMPLES["horovod-tensorflow"]
+HVD_KERAS = EXAMPLES["horovod-keras"]
+DS = EXAMPLES["deepspeed"]
+ZERO = EXAMPLES["zero"]
+TP = EXAMPLES["tensor-parallel"]
+PP = EXAMPLES["pipeline-parallel"]
 
 
 def run(cmd, timeout=300, env=None, cwd=ROOT):
@@ -156,3 +166,6 @@ def assert_event_epochs(log_dir):
     epochs = {m["epoch"]: m["test_acc"] for m in metrics(log_dir)}
     assert {e: round(v, 5) for e, v in found.get("epoch/test_acc", {}).items()} == \
         {e: round(v, 5) for e, v in epochs.items()}, (found.get("epoch/test_acc"), epochs)
+    # and the loss at the logged steps: at least each epoch's last step, finite
+    steps = found.get("step/train_loss", {})
+    assert len(steps) >= len(epochs) and all(0 <= v < 100 for v in steps.values()), steps

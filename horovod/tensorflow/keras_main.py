@@ -46,15 +46,22 @@ class EpochLog(tf.keras.callbacks.Callback):
     """After each epoch: evaluate this rank's test shard, sum over ranks, write metrics.jsonl on
     rank 0."""
 
-    def __init__(self, run, env, x_test, y_test, test_batch_size, train_batch_size):
+    def __init__(self, run, env, x_test, y_test, test_batch_size, train_batch_size, log_interval):
         super().__init__()
-        self.run, self.env = run, env
+        self.run, self.env, self.log_interval = run, env, log_interval
         shard = slice(env.rank, None, env.world_size)  # [3] this rank's share of the test set
         self.x_test, self.y_test = x_test[shard], y_test[shard]
         self.test_batch_size, self.train_batch_size = test_batch_size, train_batch_size
 
     def on_epoch_begin(self, epoch, logs=None):
-        self.start = time.perf_counter()
+        self.start, self.epoch = time.perf_counter(), epoch + 1
+
+    def on_train_batch_end(self, batch, logs=None):
+        step, total = batch + 1, self.params["steps"]
+        log.at_step(self.epoch, step, total)  # where a Ctrl-C or a lost peer stopped it
+        if self.env.is_main and (step % self.log_interval == 0 or step == total):
+            # TensorBoard's step/train_loss; in Keras: this rank's mean loss of the epoch so far
+            log.Board.step((self.epoch - 1) * total + step, logs["loss"])
 
     def on_epoch_end(self, epoch, logs=None):
         train_time = time.perf_counter() - self.start
@@ -139,7 +146,8 @@ def main():
             initial_lr=lr, warmup_epochs=args.lr_warmup_epochs, steps_per_epoch=steps,
             # tf-keras keeps momentum as a float: nothing to correct
             momentum_correction=False, verbose=0))
-    callbacks.append(EpochLog(run, env, x_test, y_test, args.test_batch_size, args.batch_size))
+    callbacks.append(EpochLog(run, env, x_test, y_test, args.test_batch_size, args.batch_size,
+                              args.log_interval))
     run.write_config(args, env.as_dict(), FRAMEWORK, {"log_dir": log_dir, "scaled_lr": lr,
                                                  "horovod_knobs": knobs})
 
