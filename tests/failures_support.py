@@ -22,6 +22,11 @@ import pytest
 
 from support import (  # noqa: F401
     BIN,
+    DDP,
+    DS,
+    HVD_KERAS,
+    HVD_TF,
+    HVD_TORCH,
     ROOT,
     deepspeed_launcher,
     error_lines,
@@ -39,9 +44,7 @@ from support import (  # noqa: F401
 sys.path.append(str(ROOT))
 from utils import data
 
-DDP, HVD_TORCH, HVD_TF, KERAS, DS = ("DDP/main.py", "horovod/pytorch/main.py", "horovod/tensorflow/main.py",
-                                     "horovod/tensorflow/keras_main.py", "deepspeed/main.py")
-SCRIPTS = [DDP, HVD_TORCH, HVD_TF, KERAS, DS]
+SCRIPTS = [DDP, HVD_TORCH, HVD_TF, HVD_KERAS, DS]
 RESUMABLE = [DDP, HVD_TORCH, HVD_TF, DS]  # keras_main.py (model.fit) has no --resume
 TIMING = {"epoch_time_s", "train_time_s", "samples_per_s"}
 KILL_DEADLINE_S = 60
@@ -94,8 +97,8 @@ KILL_LAUNCHES = [
     pytest.param(HVD_TORCH, mpiexec, id="hvd-torch-mpiexec", marks=LONG),
     pytest.param(HVD_TF, horovodrun, id="hvd-tf-horovodrun-gloo", marks=LONG),
     pytest.param(HVD_TF, mpiexec, id="hvd-tf-mpiexec"),
-    pytest.param(KERAS, horovodrun, id="keras-horovodrun-gloo", marks=LONG),
-    pytest.param(KERAS, mpiexec, id="keras-mpiexec", marks=LONG),
+    pytest.param(HVD_KERAS, horovodrun, id="keras-horovodrun-gloo", marks=LONG),
+    pytest.param(HVD_KERAS, mpiexec, id="keras-mpiexec", marks=LONG),
     pytest.param(DS, deepspeed_launcher, id="deepspeed-deepspeed"),
     pytest.param(DS, torchrun, id="deepspeed-torchrun", marks=LONG),
     pytest.param(DS, mpiexec, id="deepspeed-mpiexec", marks=LONG),
@@ -167,7 +170,7 @@ def assert_no_traceback_through_the_example(output):
 # how a sum over a tensor is split, hence its rounding (pinned in every run here).
 PER_SCRIPT = {DDP: [], HVD_TORCH: [], DS: [],
               # Keras 3 dropout layers draw from a seed generator no checkpoint records: resume without dropout
-              HVD_TF: ["--dropout", "0"], KERAS: []}
+              HVD_TF: ["--dropout", "0"], HVD_KERAS: []}
 _straight = {}
 
 

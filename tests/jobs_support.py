@@ -21,7 +21,7 @@ import socket
 import stat
 import sys
 
-from support import BIN, ROOT, free_port
+from support import BIN, EXAMPLES, ROOT, free_port
 
 SUB = ROOT / "submissions"
 PBS = ("aurora", "polaris", "sophia")
@@ -33,12 +33,6 @@ LAUNCHER = {
     "slurm": "srun",
     "local": "mpiexec",
 }
-# The examples, read from the one table of them.
-EXAMPLES = dict(
-    line.split("\t")
-    for line in (ROOT / "utils" / "tools" / "examples.tsv").read_text().splitlines()
-    if line and not line.startswith("#")
-)
 QUICK = ["--epochs", "1", "--max-steps", "3", "--device", "cpu", "--num-threads", "1"]
 # Open MPI's mpirun passes no environment on by itself: sophia/train.sh adds `-x NAME` for each of
 # these that is set, in this order (besides PATH, OMP_NUM_THREADS, MASTER_ADDR, MASTER_PORT).

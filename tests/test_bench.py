@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from support import ROOT, check, python, run
+from support import DDP, DS, HVD_TORCH, ROOT, check, python, run
 
 sys.path.append(str(ROOT / "utils" / "tools"))  # the tools import each other by name, as when run as programs
 import bench
@@ -258,14 +258,14 @@ def test_example_flags_reach_every_run_of_that_example_and_no_other(tmp_path, re
     assert args.example_args == ["--seed", "7"]
     bench_runs.measure_round(args.only, args, tmp_path, 1)
     assert bench_overhead.measure_overhead("horovod-pytorch", args) == pytest.approx([0.01, 0.01])  # 2 pairs
-    example = [c for c in commands if "horovod/pytorch/main.py" in " ".join(c)]
-    ceiling = [c for c in commands if c[1].endswith("DDP/main.py")]
+    example = [c for c in commands if HVD_TORCH in " ".join(c)]
+    ceiling = [c for c in commands if c[1].endswith(DDP)]
     bare = [c for c in commands if c[1].endswith("utils/tools/bare_loop.py")]
     assert len(example) == 6 and len(ceiling) == 2 and len(bare) == 2 and len(commands) == 10, commands
     assert all(c[-2:] == ["--seed", "7"] for c in example), example
     assert not any("--seed" in c for c in ceiling + bare), ceiling + bare
     overhead = [c for c in example if c[1].endswith("utils/tools/phases.py")]  # the example unchanged under phases.py
-    assert len(overhead) == 2 and all(c[2].endswith("horovod/pytorch/main.py") for c in overhead), overhead
+    assert len(overhead) == 2 and all(c[2].endswith(HVD_TORCH) for c in overhead), overhead
     assert recorded_launches.turns == [["example", "bare"], ["bare", "example"]]  # who starts alternates
 
 
@@ -309,7 +309,7 @@ def test_versus_runs_the_example_with_the_other_flags_taking_turns(tmp_path, rec
     for round_no in (1, 2):
         commands.clear()
         row = bench_runs.measure_round(args.only, args, tmp_path / str(round_no), round_no)["examples"][0]
-        example = [c for c in commands if "deepspeed/main.py" in " ".join(c)]
+        example = [c for c in commands if DS in " ".join(c)]
         assert len(example) == 4 and all(c[-2:] in (["--zero-stage", "2"], ["--zero-stage", "0"]) for c in example)
         versus = [c for c in example if any(part.endswith("-versus") for part in c)]
         assert len(versus) == 2 and all(c[-2:] == ["--zero-stage", "0"] for c in versus), example
@@ -320,7 +320,7 @@ def test_versus_runs_the_example_with_the_other_flags_taking_turns(tmp_path, rec
     assert orders == [2, 0]  # round 1: the bench's flags first; round 2: the versus flags first
     assert bench_overhead.measure_overhead("deepspeed", args, args.versus_args) == pytest.approx([0.01, 0.01])
     overhead = [c for c in commands if c[1].endswith("utils/tools/phases.py")]
-    assert overhead and all(c[-2:] == ["--zero-stage", "0"] and c[2].endswith("deepspeed/main.py") for c in overhead)
+    assert overhead and all(c[-2:] == ["--zero-stage", "0"] and c[2].endswith(DS) for c in overhead)
 
 
 def test_versus_rounds_default_to_an_even_count():

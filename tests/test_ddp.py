@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from support import (
+    DDP,
     assert_each_rank_refused,
     check,
     error_lines,
@@ -14,7 +15,7 @@ from support import (
     torchrun,
 )
 
-SCRIPT = "DDP/main.py"
+SCRIPT = DDP
 QUICK = ["--epochs", "2", "--max-steps", "8", "--log-interval", "4"]
 
 

@@ -4,6 +4,7 @@ import json
 import pytest
 
 from support import (
+    DS,
     ROOT,
     assert_event_epochs,
     check,
@@ -17,7 +18,7 @@ from support import (
     torchrun,
 )
 
-SCRIPT = "deepspeed/main.py"
+SCRIPT = DS
 QUICK = ["--epochs", "2", "--max-steps", "8", "--log-interval", "4"]
 DDP_METRIC_KEYS = {"epoch", "train_loss", "train_acc", "test_loss", "test_acc", "lr", "epoch_time_s", "train_time_s",
                    "samples_per_s", "world_size", "framework", "launcher"}

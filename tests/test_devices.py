@@ -15,14 +15,27 @@ import types
 import pytest
 import torch
 
-from support import ROOT, check, error_lines, metrics, mpiexec, run, summary, torchrun
+from support import (
+    DDP,
+    DS,
+    HVD_TF,
+    HVD_TORCH,
+    PP,
+    ROOT,
+    TP,
+    check,
+    error_lines,
+    metrics,
+    mpiexec,
+    run,
+    summary,
+    torchrun,
+)
 
 sys.path.append(str(ROOT))
 from utils import dist as course
 from utils.tools import launch
 
-DDP, HVD_TORCH, HVD_TF, DS = "DDP/main.py", "horovod/pytorch/main.py", "horovod/tensorflow/main.py", "deepspeed/main.py"
-TP, PP = "model_parallel/tensor_parallel.py", "model_parallel/pipeline_parallel.py"
 SHORT = ["--epochs", "1", "--max-steps", "8", "--num-threads", "1"]
 
 

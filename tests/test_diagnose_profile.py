@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from support import ROOT, check, error_lines, run
+from support import DDP, ROOT, check, error_lines, run
 from utils.tools.launch import launch_command
 
 sys.path.append(str(ROOT / "diagnose"))
@@ -103,7 +103,7 @@ def test_mfu_counts_the_cnns_flops():
 
 
 def test_a_bad_flag_is_one_error_line(tmp_path):
-    cmd = [sys.executable, PROFILE, "--slow-ms", "5", "DDP/main.py"]
+    cmd = [sys.executable, PROFILE, "--slow-ms", "5", DDP]
     result = run(cmd, timeout=60)
     assert result.returncode == 2 and len(error_lines(result.stderr)) == 1, result.stderr
 

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from support import ROOT, check, event_scalars, metrics, mpiexec, run, torchrun
+from support import DDP, HVD_TF, PP, ROOT, check, event_scalars, metrics, mpiexec, run, torchrun
 
 QUICK = ["--epochs", "2", "--max-steps", "4", "--log-interval", "2"]
 EPOCH_TAGS = {
@@ -21,11 +21,11 @@ EPOCH_TAGS = {
 # TensorFlow rank 0, and the pipeline, whose step losses come from the last stage). The other lessons'
 # own tests check their event files on the runs they make anyway (support.assert_event_epochs).
 LESSONS = [  # (id, command, holds step losses)
-    ("ddp", lambda: torchrun(2, "DDP/main.py", *QUICK), True),
-    ("horovod-tensorflow", lambda: mpiexec(2, "horovod/tensorflow/main.py", *QUICK), True),
+    ("ddp", lambda: torchrun(2, DDP, *QUICK), True),
+    ("horovod-tensorflow", lambda: mpiexec(2, HVD_TF, *QUICK), True),
     (
         "pipeline-parallel",
-        lambda: torchrun(2, "model_parallel/pipeline_parallel.py", *QUICK, "--width", "256"),
+        lambda: torchrun(2, PP, *QUICK, "--width", "256"),
         True,
     ),
 ]
@@ -49,7 +49,7 @@ def test_course_tensorboard_0_writes_no_event_files(tmp_path):
     check(
         run(
             [
-                *torchrun(2, "DDP/main.py", "--epochs", "1", "--max-steps", "2"),
+                *torchrun(2, DDP, "--epochs", "1", "--max-steps", "2"),
                 "--log-dir",
                 tmp_path,
             ],

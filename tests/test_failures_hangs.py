@@ -28,7 +28,7 @@ def line_of(path, text):
     return hits[0]
 
 
-BACKWARD = f"DDP/main.py:{line_of('DDP/main.py', '(loss / len(micro_batches)).backward()')}"
+BACKWARD = f"{DDP}:{line_of(DDP, '(loss / len(micro_batches)).backward()')}"
 BARRIER = f"tests/hooks/faults.py:{line_of('tests/hooks/faults.py', '        dist.barrier()')}"
 ALL_REDUCE = "tests/hooks/faults.py:" + str(
     line_of("tests/hooks/faults.py", "dist.all_reduce(torch.zeros(rank + 2))"))

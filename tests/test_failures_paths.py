@@ -8,9 +8,17 @@ import re
 
 import pytest
 
-from failures_support import DDP, DS, HVD_TF, HVD_TORCH, KERAS, run_rows, tiny  # noqa: F401  (a fixture)
+from failures_support import run_rows, tiny  # noqa: F401  (a fixture)
 from support import (
+    DDP,
+    DS,
+    HVD_KERAS,
+    HVD_TF,
+    HVD_TORCH,
+    PP,
     ROOT,
+    TP,
+    ZERO,
     assert_each_rank_refused,
     deepspeed_launcher,
     error_lines,
@@ -20,14 +28,9 @@ from support import (
     torchrun,
 )
 
-ZERO, FSDP_CKPT, TP, PP = (
-    "zero/main.py",
-    "zero/fsdp_checkpoint.py",
-    "model_parallel/tensor_parallel.py",
-    "model_parallel/pipeline_parallel.py",
-)
+FSDP_CKPT = "zero/fsdp_checkpoint.py"  # a lesson script that is not in utils/tools/examples.tsv
 TORCH_LESSONS = [DDP, HVD_TORCH, DS, TP, PP]
-COMMON = TORCH_LESSONS + [HVD_TF, KERAS]  # the lessons on utils/parse_args.py's shared flags
+COMMON = TORCH_LESSONS + [HVD_TF, HVD_KERAS]  # the lessons on utils/parse_args.py's shared flags
 NOT_A_FOLDER = "/dev/null/x"  # below a file: nothing can be created there, even by root
 NO_WRITE = "/proc/x"  # /proc takes no new entries, even from root (chmod does not stop root)
 
@@ -97,7 +100,7 @@ def rows_for(script):
 # that row printed on stderr and its exit code (all refusals come before anything starts).
 
 
-@pytest.mark.parametrize("script", [DDP, HVD_TORCH, HVD_TF, KERAS, DS, ZERO, FSDP_CKPT, TP, PP])
+@pytest.mark.parametrize("script", [DDP, HVD_TORCH, HVD_TF, HVD_KERAS, DS, ZERO, FSDP_CKPT, TP, PP])
 def test_every_unusable_path_and_non_finite_float_is_one_line_exit_2_and_creates_nothing(
     tmp_path, script
 ):
@@ -127,7 +130,7 @@ LAUNCHES = [
     pytest.param(DDP, mpiexec, id="ddp-mpiexec"),
     pytest.param(HVD_TORCH, horovodrun, id="hvd-torch-horovodrun"),
     pytest.param(HVD_TF, mpiexec, id="hvd-tf-mpiexec"),
-    pytest.param(KERAS, horovodrun, id="keras-horovodrun"),
+    pytest.param(HVD_KERAS, horovodrun, id="keras-horovodrun"),
     pytest.param(DS, deepspeed_launcher, id="deepspeed-deepspeed"),
     pytest.param(ZERO, torchrun, id="zero-torchrun"),
     pytest.param(TP, mpiexec, id="tp-mpiexec"),

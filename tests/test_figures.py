@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from support import ROOT, check, metrics, python, run, torchrun
+from support import DDP, HVD_TORCH, ROOT, check, metrics, python, run, torchrun
 
 sys.path.append(str(ROOT / "utils" / "tools"))  # the tools import each other by name, as when run as programs
 import figures
@@ -110,8 +110,8 @@ def test_from_logs_names_a_strong_sweep(tmp_path):
 def test_grad_accum_equals_a_real_larger_world(tmp_path):
     quick = ["--epochs", "1", "--max-steps", "3", "--batch-size", "8", "--dropout", "0", "--lr", "0.05",
              "--num-threads", "1", "--save-model", "--log-interval", "1000"]
-    check(run(torchrun(2, "DDP/main.py", *quick, "--grad-accum", "2", "--log-dir", tmp_path / "emulated"), timeout=240))
-    check(run(torchrun(4, "DDP/main.py", *quick, "--log-dir", tmp_path / "real"), timeout=240))
+    check(run(torchrun(2, DDP, *quick, "--grad-accum", "2", "--log-dir", tmp_path / "emulated"), timeout=240))
+    check(run(torchrun(4, DDP, *quick, "--log-dir", tmp_path / "real"), timeout=240))
     emulated = torch.load(tmp_path / "emulated" / "model.pt", weights_only=True)
     real = torch.load(tmp_path / "real" / "model.pt", weights_only=True)
     torch.manual_seed(42)  # the scripts' initial weights (--seed 42)
@@ -188,7 +188,7 @@ def test_readme_commands_name_real_flags():
             if script == "utils/tools/figures.py":
                 figures.get_parser().parse_args(flags)
                 checked += 1
-            elif script in ("DDP/main.py", "horovod/pytorch/main.py"):
+            elif script in (DDP, HVD_TORCH):
                 switches = {"--fp16-allreduce", "--use-adasum"}  # Horovod's own flags (and their values)
                 valued = {"--backward-passes-per-step", "--gradient-predivide-factor"}
                 common = [f for i, f in enumerate(flags) if f.split("=")[0] not in switches | valued

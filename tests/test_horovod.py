@@ -5,6 +5,9 @@ import pytest
 import torch
 
 from support import (
+    HVD_KERAS,
+    HVD_TF,
+    HVD_TORCH,
     assert_each_rank_refused,
     assert_event_epochs,
     check,
@@ -16,9 +19,6 @@ from support import (
     summary,
 )
 
-TORCH = "horovod/pytorch/main.py"
-TF = "horovod/tensorflow/main.py"
-KERAS = "horovod/tensorflow/keras_main.py"
 QUICK = ["--epochs", "2", "--max-steps", "8", "--log-interval", "4"]
 
 
@@ -33,12 +33,12 @@ def assert_trained_and_identical(log_dir, ranks=2):
 
 
 LAUNCHES = [
-    pytest.param(TORCH, lambda *a: horovodrun(2, *a), "horovodrun", id="torch-horovodrun-gloo"),
-    pytest.param(TORCH, lambda *a: horovodrun(2, *a, controller="--mpi"), "mpiexec", id="torch-horovodrun-mpi"),
-    pytest.param(TORCH, lambda *a: mpiexec(2, *a), "mpiexec", id="torch-mpiexec"),
-    pytest.param(TF, lambda *a: horovodrun(2, *a), "horovodrun", id="tf-horovodrun-gloo"),
-    pytest.param(TF, lambda *a: mpiexec(2, *a), "mpiexec", id="tf-mpiexec"),
-    pytest.param(KERAS, lambda *a: horovodrun(2, *a), "horovodrun", id="keras-horovodrun-gloo"),
+    pytest.param(HVD_TORCH, lambda *a: horovodrun(2, *a), "horovodrun", id="torch-horovodrun-gloo"),
+    pytest.param(HVD_TORCH, lambda *a: horovodrun(2, *a, controller="--mpi"), "mpiexec", id="torch-horovodrun-mpi"),
+    pytest.param(HVD_TORCH, lambda *a: mpiexec(2, *a), "mpiexec", id="torch-mpiexec"),
+    pytest.param(HVD_TF, lambda *a: horovodrun(2, *a), "horovodrun", id="tf-horovodrun-gloo"),
+    pytest.param(HVD_TF, lambda *a: mpiexec(2, *a), "mpiexec", id="tf-mpiexec"),
+    pytest.param(HVD_KERAS, lambda *a: horovodrun(2, *a), "horovodrun", id="keras-horovodrun-gloo"),
 ]
 
 
@@ -54,7 +54,7 @@ def test_two_ranks_train_and_stay_identical(tmp_path, script, launch, launcher):
 
 def test_fp16_allreduce_trains_and_keeps_ranks_identical(tmp_path):
     # (and a knob set in the environment wins over the course's default)
-    check(run(horovodrun(2, TORCH, *QUICK, "--fp16-allreduce", "--log-dir", tmp_path), timeout=300,
+    check(run(horovodrun(2, HVD_TORCH, *QUICK, "--fp16-allreduce", "--log-dir", tmp_path), timeout=300,
               env={"HOROVOD_CYCLE_TIME": "2"}))
     assert_trained_and_identical(tmp_path)
     assert json.loads((tmp_path / "config.json").read_text())["horovod_knobs"] == {"HOROVOD_CYCLE_TIME": "2"}
@@ -63,8 +63,8 @@ def test_fp16_allreduce_trains_and_keeps_ranks_identical(tmp_path):
 def test_torch_two_ranks_equal_one_process_on_the_combined_batch(tmp_path):
     same = ["--epochs", "1", "--max-steps", "6", "--no-lr-scaling", "--dropout", "0", "--lr", "0.05",
             "--save-model"]
-    check(run(horovodrun(2, TORCH, *same, "--batch-size", "32", "--log-dir", tmp_path / "two"), timeout=300))
-    check(run(python(TORCH, *same, "--batch-size", "64", "--log-dir", tmp_path / "one"), timeout=300))
+    check(run(horovodrun(2, HVD_TORCH, *same, "--batch-size", "32", "--log-dir", tmp_path / "two"), timeout=300))
+    check(run(python(HVD_TORCH, *same, "--batch-size", "64", "--log-dir", tmp_path / "one"), timeout=300))
     two = torch.load(tmp_path / "two" / "model.pt", weights_only=True)
     one = torch.load(tmp_path / "one" / "model.pt", weights_only=True)
     for name in one:
@@ -72,11 +72,11 @@ def test_torch_two_ranks_equal_one_process_on_the_combined_batch(tmp_path):
 
 
 def test_tf_reaches_90_percent_on_real_digits(tmp_path):
-    check(run(horovodrun(2, TF, "--epochs", "2", "--log-dir", tmp_path), timeout=400))
+    check(run(horovodrun(2, HVD_TF, "--epochs", "2", "--log-dir", tmp_path), timeout=400))
     assert metrics(tmp_path)[-1]["test_acc"] >= 0.90
 
 
-@pytest.mark.parametrize("script,dropout", [(TORCH, "0.25"), (TF, "0")])
+@pytest.mark.parametrize("script,dropout", [(HVD_TORCH, "0.25"), (HVD_TF, "0")])
 def test_resume_matches_an_uninterrupted_run(tmp_path, script, dropout):
     # TF: Keras 3 dropout layers draw from their own seed generator, which no checkpoint records, so the
     # TensorFlow run is compared without dropout; PyTorch reseeds per epoch and matches with it.
@@ -91,7 +91,7 @@ def test_resume_matches_an_uninterrupted_run(tmp_path, script, dropout):
         metrics(tmp_path / "straight")[1]["train_loss"], abs=1e-9)
 
 
-@pytest.mark.parametrize("script", [TORCH, TF, KERAS])
+@pytest.mark.parametrize("script", [HVD_TORCH, HVD_TF, HVD_KERAS])
 @pytest.mark.parametrize("flags,words", [(["--batch-size", "0"], "--batch-size"),
                                          (["--data-dir", "/no/such/dir"], "/no/such/dir")])
 def test_bad_input_fails_every_rank_with_one_line(tmp_path, script, flags, words):
@@ -100,7 +100,7 @@ def test_bad_input_fails_every_rank_with_one_line(tmp_path, script, flags, words
 
 
 def test_adasum_trains_under_mpi_and_is_refused_clearly_under_gloo(tmp_path):
-    check(run(mpiexec(2, TORCH, *QUICK, "--use-adasum", "--log-dir", tmp_path / "mpi"), timeout=300))
+    check(run(mpiexec(2, HVD_TORCH, *QUICK, "--use-adasum", "--log-dir", tmp_path / "mpi"), timeout=300))
     assert_trained_and_identical(tmp_path / "mpi")
-    result = run(horovodrun(2, TORCH, *QUICK, "--use-adasum", "--log-dir", tmp_path / "gloo"), timeout=180)
+    result = run(horovodrun(2, HVD_TORCH, *QUICK, "--use-adasum", "--log-dir", tmp_path / "gloo"), timeout=180)
     assert_each_rank_refused(result, "Adasum", 2, horovodrun)

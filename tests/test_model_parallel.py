@@ -4,6 +4,8 @@ import pytest
 import torch
 
 from support import (
+    PP,
+    TP,
     assert_each_rank_refused,
     assert_event_epochs,
     check,
@@ -15,8 +17,6 @@ from support import (
     torchrun,
 )
 
-TP = "model_parallel/tensor_parallel.py"
-PP = "model_parallel/pipeline_parallel.py"
 # Small and short: 2 epochs x 3 steps, a 256-wide MLP, one thread per process.
 SAME = ["--epochs", "2", "--max-steps", "3", "--width", "256", "--num-threads", "1", "--save-model"]
 

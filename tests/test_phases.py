@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from support import ROOT, check, metrics, python, run
+from support import DDP, DS, HVD_TF, ROOT, check, metrics, python, run
 
 sys.path.append(str(ROOT / "utils" / "tools"))  # the tools import each other by name, as when run as programs
 import bench
@@ -125,8 +125,8 @@ def test_phase_means_skip_the_warm_up_epoch():
 def test_the_wrapped_example_trains_exactly_as_it_does_alone(tmp_path):
     """The timers wrap calls and change nothing: same seed, same losses, epoch by epoch."""
     flags = ["--epochs", "2", "--max-steps", "4", "--log-interval", "1000", "--num-threads", "1"]
-    check(run(python("DDP/main.py", *flags, "--log-dir", tmp_path / "alone"), timeout=300))
-    result = check(run(python("utils/tools/phases.py", "DDP/main.py", *flags, "--log-dir", tmp_path / "timed"),
+    check(run(python(DDP, *flags, "--log-dir", tmp_path / "alone"), timeout=300))
+    result = check(run(python("utils/tools/phases.py", DDP, *flags, "--log-dir", tmp_path / "timed"),
                        timeout=300, env={"PHASES_OUT": str(tmp_path / "phases")}))
     alone, timed = metrics(tmp_path / "alone"), metrics(tmp_path / "timed")
     assert [m["train_loss"] for m in timed] == [m["train_loss"] for m in alone], result.stdout
@@ -135,13 +135,13 @@ def test_the_wrapped_example_trains_exactly_as_it_does_alone(tmp_path):
 
 
 def test_a_script_that_is_not_a_pytorch_example_is_refused(tmp_path):
-    result = run(python("utils/tools/phases.py", "horovod/tensorflow/main.py"), timeout=60,
+    result = run(python("utils/tools/phases.py", HVD_TF), timeout=60,
                  env={"PHASES_OUT": str(tmp_path / "p")})
     assert result.returncode == 1 and "is not a PyTorch example" in result.stderr, result.stderr
-    result = run(python("utils/tools/phases.py", "DDP/main.py"), timeout=60)  # PHASES_OUT unset
+    result = run(python("utils/tools/phases.py", DDP), timeout=60)  # PHASES_OUT unset
     assert result.returncode == 1 and "usage: PHASES_OUT=" in result.stderr, result.stderr
     # the example's own refusal comes through unchanged: its one line, its exit status
-    result = run(python("utils/tools/phases.py", "DDP/main.py", "--batch-size", "0"), timeout=120,
+    result = run(python("utils/tools/phases.py", DDP, "--batch-size", "0"), timeout=120,
                  env={"PHASES_OUT": str(tmp_path / "p")})
     assert result.returncode == 2 and "error: argument --batch-size" in result.stderr.strip().splitlines()[-1], \
         result.stderr
@@ -149,10 +149,9 @@ def test_a_script_that_is_not_a_pytorch_example_is_refused(tmp_path):
 
 def test_the_example_and_its_flags_are_found_where_each_launcher_puts_them(monkeypatch):
     flags = ["--epochs", "2", "--seed=3"]
-    assert phases.script_and_argv(["DDP/main.py", *flags]) == ("DDP/main.py", ["DDP/main.py", *flags])
+    assert phases.script_and_argv([DDP, *flags]) == (DDP, [DDP, *flags])
     # the deepspeed launcher: `python -u utils/tools/phases.py --local_rank=1 deepspeed/main.py ...`
-    assert phases.script_and_argv(["--local_rank=1", "deepspeed/main.py", *flags]) == (
-        "deepspeed/main.py", ["deepspeed/main.py", "--local_rank=1", *flags])
+    assert phases.script_and_argv(["--local_rank=1", DS, *flags]) == (DS, [DS, "--local_rank=1", *flags])
     assert phases.script_and_argv(["--local_rank=1"]) == (None, None)
     for name in ("RANK", "HOROVOD_RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK"):
         monkeypatch.delenv(name, raising=False)

@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from support import BIN, ROOT, check, horovodrun, python, run, torchrun
+from support import BIN, DS, HVD_TF, HVD_TORCH, ROOT, check, horovodrun, python, run, torchrun
 from utils.dist import free_port
 
 VERBOSE = {"COURSE_VERBOSE": "1"}
@@ -31,13 +31,13 @@ def test_zero3_under_torchrun_prints_few_lines_and_verbose_brings_the_noise_back
     """The issue's run: 2 ranks of ZeRO-3 under torchrun printed 533 lines, 248 of them torch's FutureWarnings
     about the collectives DeepSpeed calls. Quiet: 22 lines here for 20 steps (4 of them torchrun's own)."""
     args = ("--zero-stage", "3", "--epochs", "1", "--max-steps", "20", "--num-threads", "1")
-    quiet = check(run(torchrun(2, "deepspeed/main.py", *args, "--log-dir", tmp_path / "quiet"), timeout=240))
+    quiet = check(run(torchrun(2, DS, *args, "--log-dir", tmp_path / "quiet"), timeout=240))
     out = lines(quiet)
     assert len(out) < 30, "\n".join(out)
     assert not [line for line in out if "FutureWarning" in line or ACCELERATOR_NOTE in line], "\n".join(out)
     assert any(line.startswith("epoch  1  train_loss") for line in out)  # the lesson's own lines are all there
 
-    loud = check(run(torchrun(2, "deepspeed/main.py", *args, "--log-dir", tmp_path / "verbose"), env=VERBOSE,
+    loud = check(run(torchrun(2, DS, *args, "--log-dir", tmp_path / "verbose"), env=VERBOSE,
                      timeout=240))
     if not torch.cuda.is_available():  # DeepSpeed's note of a machine without GPUs, once per rank
         assert sum(ACCELERATOR_NOTE in line for line in lines(loud)) == 2, loud.stdout[-3000:]
@@ -49,13 +49,13 @@ def test_tensorflow_under_horovodrun_prints_no_banner_per_rank(tmp_path):
     """`horovodrun -np 2 python horovod/tensorflow/main.py` from a bare shell: no rank prints TensorFlow's
     CPU-feature, oneDNN or absl lines (the lines horovodrun prints itself, unprefixed, are Horovod's)."""
     args = ("--epochs", "1", "--max-steps", "5", "--num-threads", "1")
-    quiet = check(run(horovodrun(2, "horovod/tensorflow/main.py", *args, "--log-dir", tmp_path / "quiet"),
+    quiet = check(run(horovodrun(2, HVD_TF, *args, "--log-dir", tmp_path / "quiet"),
                       env=BARE_SHELL, timeout=300))
     banners = [line for line in lines(quiet) if RANK_LINE.match(line) and TF_BANNER.search(line)]
     assert not banners, "\n".join(banners)
     assert any("test accuracy" in line for line in lines(quiet))
 
-    loud = check(run(horovodrun(2, "horovod/tensorflow/main.py", *args, "--log-dir", tmp_path / "verbose"),
+    loud = check(run(horovodrun(2, HVD_TF, *args, "--log-dir", tmp_path / "verbose"),
                      env=dict(BARE_SHELL, **VERBOSE), timeout=300))
     ranks = {RANK_LINE.match(line)[1] for line in lines(loud) if RANK_LINE.match(line) and TF_BANNER.search(line)}
     assert ranks == {"0", "1"}, loud.stderr[-3000:]
@@ -66,7 +66,7 @@ def test_horovodrun_mpi_keeps_lines_whole(tmp_path):
     """With PYTHONUNBUFFERED=1 (the Makefile's) print() wrote its text and newline apart and MPICH's `mpiexec -l`
     cut most progress lines in two (`[0] epoch 1 step 2/60 loss 2.3213[0] `); line-buffered output keeps them
     whole."""
-    result = check(run(horovodrun(2, "horovod/pytorch/main.py", "--epochs", "1", "--max-steps", "60",
+    result = check(run(horovodrun(2, HVD_TORCH, "--epochs", "1", "--max-steps", "60",
                                   "--log-interval", "1", "--num-threads", "1", "--log-dir", tmp_path,
                                   controller="--mpi"), env={"PYTHONUNBUFFERED": "1"}, timeout=240))
     progress = [line for line in lines(result) if " step " in line]

@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from support import ROOT
+from support import DDP, DS, HVD_KERAS, HVD_TF, HVD_TORCH, PP, ROOT, TP, ZERO
 
 # The recipe (README.md, "The recipe"): the same number means the same step in every lesson.
 STEPS = {1: "start the process group / runtime", 2: "pin the device to the local rank",
@@ -12,15 +12,15 @@ STEPS = {1: "start the process group / runtime", 2: "pin the device to the local
          5: "wrap the model/optimizer/engine and start from rank 0's state", 6: "gradients averaged",
          7: "metrics summed over ranks", 8: "one writer for checkpoints, resume"}
 LESSONS = {  # script: the README that explains its lines
-    "DDP/main.py": "DDP/README.md",
-    "horovod/pytorch/main.py": "horovod/pytorch/README.md",
-    "horovod/tensorflow/main.py": "horovod/tensorflow/README.md",
-    "horovod/tensorflow/keras_main.py": "horovod/tensorflow/README.md",
-    "deepspeed/main.py": "deepspeed/README.md",
-    "zero/main.py": "zero/README.md",
-    "zero/fsdp_checkpoint.py": "zero/README.md",
-    "model_parallel/tensor_parallel.py": "model_parallel/README.md",
-    "model_parallel/pipeline_parallel.py": "model_parallel/README.md",
+    DDP: "DDP/README.md",
+    HVD_TORCH: "horovod/pytorch/README.md",
+    HVD_TF: "horovod/tensorflow/README.md",
+    HVD_KERAS: "horovod/tensorflow/README.md",
+    DS: "deepspeed/README.md",
+    ZERO: "zero/README.md",
+    "zero/fsdp_checkpoint.py": "zero/README.md",  # a lesson, not one of the examples (utils/tools/examples.tsv)
+    TP: "model_parallel/README.md",
+    PP: "model_parallel/README.md",
 }
 MARKER = re.compile(r"#.*?\[([^\]\s]*)\]")  # a [..] inside a comment
 NUMBERED = re.compile(r"\[(\d+)\]")
@@ -55,7 +55,7 @@ def test_every_marker_is_explained_in_the_folder_readme(script, readme):
 
 def test_the_core_steps_are_in_every_training_lesson():
     """Start, pin, shard, scale, wrap, average, sum: every framework's lesson shows all seven."""
-    for script in ("DDP/main.py", "horovod/pytorch/main.py", "horovod/tensorflow/main.py", "deepspeed/main.py"):
+    for script in (DDP, HVD_TORCH, HVD_TF, DS):
         assert {str(n) for n in range(1, 9)} <= set(markers(script)), script
 
 

@@ -6,13 +6,13 @@ import sys
 
 import pytest
 
-from support import ROOT, assert_each_rank_refused, check, error_lines, python, run, torchrun
+from support import ROOT, ZERO, assert_each_rank_refused, check, error_lines, python, run, torchrun
 
 sys.path.append(str(ROOT))  # after site-packages (see tests/test_shadowing.py)
 from zero.census import formula
 from zero.main import VARIANTS
 
-LESSON, REPORT = "zero/main.py", "zero/report.py"
+LESSON, REPORT = ZERO, "zero/report.py"
 SMALL = ["--hidden", "64", "--layers", "1"]  # ~55k parameters: seconds per launch
 
 
