@@ -20,6 +20,7 @@ holds what the summary needs (ranks, batch, threads).
 """
 
 import argparse
+import atexit
 import functools
 import json
 import os
@@ -142,14 +143,16 @@ def profile(argv):
         sys.path.pop(0)
     sys.path.insert(0, str(Path(lesson_argv[0]).resolve().parent))
     sys.argv = lesson_argv
-    code = 0
-    prof.start()
-    try:
-        runpy.run_path(lesson_argv[0], run_name="__main__")
-    except SystemExit as exc:  # the lesson's own exit (its one-line errors): passed on below
-        code = exc.code
-    finally:
-        prof.stop()  # writes the trace of the steps recorded so far
+    done = []
+
+    def finish(code=0):
+        """Stop the profiler (it writes the trace of the steps recorded so far) and write the meta
+        file, once. Also an exit handler: a lesson that finishes leaves through the exit handlers
+        and os._exit, never returning here (utils/log.run_main)."""
+        if done:
+            return
+        done.append(code)
+        prof.stop()
         meta = dict(
             rank=rank,
             world_size=world_size_from_env(),
@@ -163,19 +166,24 @@ def profile(argv):
             slow_ms=args.slow_ms,
         )
         (out / f"rank{rank}.meta.json").write_text(json.dumps(meta, indent=1))
-    if code not in (None, 0):
-        sys.exit(code)
-    if spans.steps <= args.skip + 1:
-        sys.exit(
-            f"error: profile: only {spans.steps} steps ran; more than --skip {args.skip} + 1 "
-            "are needed "
-            "for a trace"
-        )
-    if rank == 0:
-        print(
-            f"profile: traces in {out}/rank*.trace.json; read them with: "
-            f"python diagnose/profile_ranks.py summary {out}"
-        )
+        if code not in (None, 0):
+            return
+        if spans.steps <= args.skip + 1:
+            print(f"error: profile: only {spans.steps} steps ran; more than --skip {args.skip} + 1 "
+                  "are needed for a trace", file=sys.stderr, flush=True)
+            os._exit(1)
+        if rank == 0:
+            print(f"profile: traces in {out}/rank*.trace.json; read them with: "
+                  f"python diagnose/profile_ranks.py summary {out}", flush=True)
+
+    atexit.register(finish)
+    prof.start()
+    try:
+        runpy.run_path(lesson_argv[0], run_name="__main__")
+    except SystemExit as exc:  # the lesson's own exit (its one-line errors): passed on below
+        finish(exc.code)
+        sys.exit(exc.code)
+    finish()
 
 
 def main():

@@ -22,6 +22,7 @@ With $PHASES_TURNS set (by the bench's overhead measurement, utils/tools/bench_o
 turns with another one step by step: see `Turns`. Nothing inside the example is touched, only library classes
 and the course's shared modules (utils.log.Progress, utils.torch_utils.Net).
 """
+import atexit
 import functools
 import json
 import os
@@ -188,18 +189,28 @@ def main():
     timer = StepTimer(turns=Turns.from_env())
     patch(timer, framework)
     sys.argv = argv
-    exit_code = 0
+    done = []
+
+    def finish(exit_code=0):
+        """Write this rank's records, once. Also an exit handler: an example that finishes leaves through the exit
+        handlers and os._exit, never returning here (utils/log.run_main)."""
+        if done:
+            return
+        done.append(exit_code)
+        Path(f"{out}-rank{rank_from_env()}.json").write_text(
+            json.dumps({"rank": rank_from_env(), "framework": framework, "records": timer.records}))
+        if exit_code in (None, 0) and not timer.records:
+            print(f"error: phases: {script} ran, but none of its optimizer steps was timed", file=sys.stderr,
+                  flush=True)
+            os._exit(1)
+
+    atexit.register(finish)
     try:
         runpy.run_path(script, run_name="__main__")
     except SystemExit as exc:  # the example's own exit (its one-line errors): passed on below
-        exit_code = exc.code
-    finally:
-        Path(f"{out}-rank{rank_from_env()}.json").write_text(
-            json.dumps({"rank": rank_from_env(), "framework": framework, "records": timer.records}))
-    if exit_code not in (None, 0):
-        sys.exit(exit_code)
-    if not timer.records:
-        sys.exit(f"error: phases: {script} ran, but none of its optimizer steps was timed")
+        finish(exc.code)
+        sys.exit(exc.code)
+    finish()
 
 
 if __name__ == "__main__":
