@@ -20,11 +20,9 @@ holds what the summary needs (ranks, batch, threads).
 """
 
 import argparse
-import atexit
 import functools
 import json
 import os
-import runpy
 import sys
 import time
 from pathlib import Path
@@ -143,15 +141,10 @@ def profile(argv):
         sys.path.pop(0)
     sys.path.insert(0, str(Path(lesson_argv[0]).resolve().parent))
     sys.argv = lesson_argv
-    done = []
 
-    def finish(code=0):
-        """Stop the profiler (it writes the trace of the steps recorded so far) and write the meta
-        file, once. Also an exit handler: a lesson that finishes leaves through the exit handlers
-        and os._exit, never returning here (utils/log.run_main)."""
-        if done:
-            return
-        done.append(code)
+    def finish(code):
+        """Stop the profiler (it writes the trace of the steps recorded so far), write the meta
+        file, and check that enough steps ran."""
         prof.stop()
         meta = dict(
             rank=rank,
@@ -176,14 +169,8 @@ def profile(argv):
             print(f"profile: traces in {out}/rank*.trace.json; read them with: "
                   f"python diagnose/profile_ranks.py summary {out}", flush=True)
 
-    atexit.register(finish)
     prof.start()
-    try:
-        runpy.run_path(lesson_argv[0], run_name="__main__")
-    except SystemExit as exc:  # the lesson's own exit (its one-line errors): passed on below
-        finish(exc.code)
-        sys.exit(exc.code)
-    finish()
+    phases.run_lesson(lesson_argv[0], finish)
 
 
 def main():

@@ -189,14 +189,8 @@ def main():
     timer = StepTimer(turns=Turns.from_env())
     patch(timer, framework)
     sys.argv = argv
-    done = []
 
-    def finish(exit_code=0):
-        """Write this rank's records, once. Also an exit handler: an example that finishes leaves through the exit
-        handlers and os._exit, never returning here (utils/log.run_main)."""
-        if done:
-            return
-        done.append(exit_code)
+    def finish(exit_code):
         Path(f"{out}-rank{rank_from_env()}.json").write_text(
             json.dumps({"rank": rank_from_env(), "framework": framework, "records": timer.records}))
         if exit_code in (None, 0) and not timer.records:
@@ -204,14 +198,27 @@ def main():
                   flush=True)
             os._exit(1)
 
-    atexit.register(finish)
+    run_lesson(script, finish)
+
+
+def run_lesson(script, finish):
+    """Run the lesson `script` (sys.argv already its own) in this process, then finish(exit_code) once. finish is
+    also an exit handler: a lesson that finishes leaves through the exit handlers and os._exit, never returning
+    here (utils/log.run_main). The lesson's own non-zero exit is passed on."""
+    done = []
+
+    def once(code=0):
+        if not done:
+            done.append(code)
+            finish(code)
+
+    atexit.register(once)
     try:
         runpy.run_path(script, run_name="__main__")
-    except SystemExit as exc:  # the example's own exit (its one-line errors): passed on below
-        finish(exc.code)
+    except SystemExit as exc:  # the lesson's own exit (its one-line errors)
+        once(exc.code)
         sys.exit(exc.code)
-    finish()
-
+    once()
 
 if __name__ == "__main__":
     main()
