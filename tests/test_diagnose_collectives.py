@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from support import ROOT, check, error_lines, run, torchrun
+from support import ROOT, check, error_lines, mpiexec, run, torchrun
 
 sys.path.append(str(ROOT / "diagnose"))
 import collectives
@@ -54,6 +54,40 @@ def test_two_ranks_measure_fit_and_predict_ddps_all_reduce_within_30_percent(tmp
         (64 + 64 * 32 * 9 + 32 + 32 * 9) * 4,
     ]
     assert fit["predicted_s"] == pytest.approx(fit["measured_s"], rel=0.30), fit
+
+
+def test_horovod_over_mpi_measures_the_same_quantities_and_repeats_its_names(tmp_path):
+    result = check(
+        run(
+            mpiexec(
+                2,
+                TOOL,
+                "--library",
+                "horovod",
+                "--ops",
+                "all_reduce",
+                "broadcast",
+                "--min-size",
+                "64K",
+                "--max-size",
+                "4M",
+                "--repeats",
+                "2",
+                "--out",
+                tmp_path,
+            ),
+            timeout=300,
+        )
+    )
+    # one name per op and size, as in training: Horovod's response cache is hit, never overflows
+    assert "evicted from cache" not in result.stderr, result.stderr[-2000:]
+    data = json.loads((tmp_path / "collectives-horovod-mpi-2.json").read_text())
+    assert data["library"] == "horovod-mpi" and data["world_size"] == 2
+    assert {(r["op"], r["bytes"]) for r in data["rows"]} == {
+        (op, 64 * 2**10 * 4**k) for op in ("all_reduce", "broadcast") for k in range(4)
+    }
+    assert all(r["time_s"] > 0 for r in data["rows"])
+    assert data["fit"]["ddp_buckets"] == [1_199_882 * 4]  # Horovod fuses into one buffer
 
 
 def test_the_ring_fit_recovers_a_known_alpha_and_beta():
