@@ -1,5 +1,9 @@
 """deepspeed/main.py under its three launchers (deepspeed, torchrun, mpiexec), on the shipped MNIST digits."""
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -137,3 +141,16 @@ def test_a_file_that_needs_the_norm_it_skips_is_refused_in_one_line(tmp_path, ca
     with pytest.raises(SystemExit):
         ds_config.check(config, path)
     assert f"compute_grad_norm false, but {words}" in capsys.readouterr().err
+
+
+def test_lessons_find_the_cpu_adam_op_that_make_setup_built_for_this_environment():
+    """ZeRO-Offload's cpu_adam is JIT-built by `make setup`; a lesson finds it in the folder of its own
+    Python environment (a build records the environment's paths: another venv's build would be redone)."""
+    probe = ("import os, sys; sys.path.append(os.getcwd()); from utils.dist import default_extensions_dir; "
+             "default_extensions_dir(); print(os.environ['TORCH_EXTENSIONS_DIR'])")
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_EXTENSIONS_DIR"}  # the lessons' default
+    out = subprocess.run([sys.executable, "-c", probe], env=env, cwd=ROOT, capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    folder = Path(out.strip().splitlines()[-1])
+    assert list(folder.glob("cpu_adam/cpu_adam*.so")), f"no cpu_adam build in {folder}: run make setup"
+    assert sys.prefix in (folder / "cpu_adam" / "build.ninja").read_text()

@@ -279,10 +279,13 @@ def restart_store(env, timeout=datetime.timedelta(minutes=5)):
 
 def default_extensions_dir():
     """DeepSpeed's JIT-built ops go to a cache outside the checkout (where `make setup` puts
-    them)."""
+    them), one folder per Python environment: a build records its environment's paths, and a run
+    from another environment (a second clone's venv) would rebuild it over the first one's."""
+    import hashlib
     home_cache = os.path.join(os.path.expanduser("~"), ".cache", "scaling-dl")
     cache = os.environ.get("SCALING_DL_CACHE", home_cache)
-    os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(cache, "torch_extensions"))
+    env_id = hashlib.sha1(sys.prefix.encode()).hexdigest()[:8]
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(cache, "torch_extensions", env_id))
 
 
 # --- small torch.distributed conveniences that also work in a single process ----------------------
