@@ -19,15 +19,29 @@ SCRIPT = DDP
 QUICK = ["--epochs", "2", "--max-steps", "8", "--log-interval", "4"]
 
 
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    """The 2-rank QUICK run under a launcher, made once: the test that checks it and the resume test that
+    compares against it read the same files."""
+    done = {}
+
+    def get(launcher):
+        if launcher not in done:
+            done[launcher] = tmp_path_factory.mktemp(launcher.__name__)
+            check(run(launcher(2, SCRIPT, *QUICK, "--log-dir", done[launcher]), timeout=240))
+        return done[launcher]
+    return get
+
+
 @pytest.mark.parametrize("launcher", [torchrun, mpiexec], ids=["torchrun", "mpiexec"])
-def test_two_ranks_train_and_stay_identical(tmp_path, launcher):
-    check(run(launcher(2, SCRIPT, *QUICK, "--log-dir", tmp_path), timeout=240))
-    history = metrics(tmp_path)
+def test_two_ranks_train_and_stay_identical(quick_run, launcher):
+    log_dir = quick_run(launcher)
+    history = metrics(log_dir)
     assert [m["epoch"] for m in history] == [1, 2]
     assert history[1]["train_loss"] < history[0]["train_loss"]
     assert all(m["world_size"] == 2 for m in history)
     assert history[0]["launcher"] == ("torchrun" if launcher is torchrun else "mpiexec")
-    checksums = summary(tmp_path)["param_checksums"]
+    checksums = summary(log_dir)["param_checksums"]
     assert len(checksums) == 2 and checksums[0] == checksums[1], checksums
 
 
@@ -55,14 +69,13 @@ def test_reaches_90_percent_on_real_digits(tmp_path):
     assert metrics(tmp_path)[-1]["test_acc"] >= 0.90
 
 
-def test_resume_matches_an_uninterrupted_run(tmp_path):
-    quick = ["--max-steps", "5", "--seed", "3"]
-    check(run(torchrun(2, SCRIPT, *quick, "--epochs", "2", "--log-dir", tmp_path / "straight"), timeout=240))
-    check(run(torchrun(2, SCRIPT, *quick, "--epochs", "1", "--log-dir", tmp_path / "split"), timeout=240))
-    check(run(torchrun(2, SCRIPT, *quick, "--epochs", "2", "--resume", "--log-dir", tmp_path / "split"),
-              timeout=240))
-    assert summary(tmp_path / "split")["param_checksums"] == summary(tmp_path / "straight")["param_checksums"]
-    straight, split = metrics(tmp_path / "straight"), metrics(tmp_path / "split")
+def test_resume_matches_an_uninterrupted_run(tmp_path, quick_run):
+    """Epoch 1, then --resume to epoch 2, ends where the 2-epoch QUICK run ended."""
+    straight = quick_run(torchrun)
+    check(run(torchrun(2, SCRIPT, *QUICK, "--epochs", "1", "--log-dir", tmp_path), timeout=240))
+    check(run(torchrun(2, SCRIPT, *QUICK, "--resume", "--log-dir", tmp_path), timeout=240))
+    assert summary(tmp_path)["param_checksums"] == summary(straight)["param_checksums"]
+    straight, split = metrics(straight), metrics(tmp_path)
     assert [m["epoch"] for m in split] == [1, 2]
     for a, b in zip(straight, split):
         assert a["train_loss"] == pytest.approx(b["train_loss"], abs=1e-12)

@@ -28,10 +28,29 @@ DDP_METRIC_KEYS = {"epoch", "train_loss", "train_acc", "test_loss", "test_acc", 
                    "samples_per_s", "world_size", "framework", "launcher"}
 
 
-@pytest.mark.parametrize("launcher,stage,name", [(deepspeed_launcher, "2", "deepspeed"), (torchrun, "3", "torchrun"),
-                                                 (mpiexec, "1", "mpiexec")], ids=["deepspeed", "torchrun", "mpiexec"])
-def test_two_ranks_train_and_stay_identical(tmp_path, launcher, stage, name):
-    result = check(run(launcher(2, SCRIPT, *QUICK, "--zero-stage", stage, "--log-dir", tmp_path), timeout=240))
+LAUNCHES = {"deepspeed": (deepspeed_launcher, "2"), "torchrun": (torchrun, "3"), "mpiexec": (mpiexec, "1")}
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    """The 2-rank QUICK run under a launcher (its log dir and output), made once: the test that checks it
+    and the resume test that compares against it read the same files."""
+    done = {}
+
+    def get(name):
+        if name not in done:
+            launcher, stage = LAUNCHES[name]
+            log_dir = tmp_path_factory.mktemp(name)
+            result = check(run(launcher(2, SCRIPT, *QUICK, "--zero-stage", stage, "--log-dir", log_dir),
+                               timeout=240))
+            done[name] = log_dir, result.stdout + result.stderr
+        return done[name]
+    return get
+
+
+@pytest.mark.parametrize("name", LAUNCHES)
+def test_two_ranks_train_and_stay_identical(quick_run, name):
+    tmp_path, output = quick_run(name)
     history = metrics(tmp_path)
     assert [m["epoch"] for m in history] == [1, 2]
     assert history[1]["train_loss"] < history[0]["train_loss"]
@@ -44,19 +63,20 @@ def test_two_ranks_train_and_stay_identical(tmp_path, launcher, stage, name):
     # Single host: the master stays on loopback under every launcher (DeepSpeed's MPI discovery would not).
     assert json.loads((tmp_path / "config.json").read_text())["master_addr"] == "127.0.0.1"
     # No JIT build on the way: torch's Adam instead of fused_adam, and no shm_comm op on CPUs.
-    assert "Building extension" not in result.stdout + result.stderr
-    assert "shm_comm" not in result.stdout + result.stderr
+    assert "Building extension" not in output
+    assert "shm_comm" not in output
 
 
-def test_resume_from_a_deepspeed_checkpoint_matches_an_uninterrupted_run(tmp_path):
-    quick = ["--max-steps", "5", "--seed", "3", "--zero-stage", "2"]
-    check(run(torchrun(2, SCRIPT, *quick, "--epochs", "2", "--log-dir", tmp_path / "straight"), timeout=240))
-    check(run(torchrun(2, SCRIPT, *quick, "--epochs", "1", "--log-dir", tmp_path / "split"), timeout=240))
-    assert (tmp_path / "split" / "checkpoints" / "latest").read_text().strip() == "epoch1"
-    check(run(torchrun(2, SCRIPT, *quick, "--epochs", "2", "--resume", "--log-dir", tmp_path / "split"),
-              timeout=240))
-    assert summary(tmp_path / "split")["param_checksums"] == summary(tmp_path / "straight")["param_checksums"]
-    straight, split = metrics(tmp_path / "straight"), metrics(tmp_path / "split")
+def test_resume_from_a_deepspeed_checkpoint_matches_an_uninterrupted_run(tmp_path, quick_run):
+    """Epoch 1, then --resume to epoch 2 (ZeRO-3: each rank's files hold its slice of the parameters and
+    of Adam's state), ends where the 2-epoch QUICK run under torchrun ended."""
+    straight, _ = quick_run("torchrun")
+    quick = [*QUICK, "--zero-stage", LAUNCHES["torchrun"][1]]
+    check(run(torchrun(2, SCRIPT, *quick, "--epochs", "1", "--log-dir", tmp_path), timeout=240))
+    assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "epoch1"
+    check(run(torchrun(2, SCRIPT, *quick, "--resume", "--log-dir", tmp_path), timeout=240))
+    assert summary(tmp_path)["param_checksums"] == summary(straight)["param_checksums"]
+    straight, split = metrics(straight), metrics(tmp_path)
     assert [m["epoch"] for m in split] == [1, 2]
     for a, b in zip(straight, split):
         assert a["train_loss"] == pytest.approx(b["train_loss"], abs=1e-12)

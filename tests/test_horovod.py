@@ -32,7 +32,7 @@ def assert_trained_and_identical(log_dir, ranks=2):
     return history
 
 
-LAUNCHES = [
+LAUNCHES = [  # the first of each script is also the resume test's uninterrupted run
     pytest.param(HVD_TORCH, lambda *a: horovodrun(2, *a), "horovodrun", id="torch-horovodrun-gloo"),
     pytest.param(HVD_TORCH, lambda *a: horovodrun(2, *a, controller="--mpi"), "mpiexec", id="torch-horovodrun-mpi"),
     pytest.param(HVD_TORCH, lambda *a: mpiexec(2, *a), "mpiexec", id="torch-mpiexec"),
@@ -42,14 +42,33 @@ LAUNCHES = [
 ]
 
 
+# Keras 3's dropout layers draw from their own seed generators, which no checkpoint records: the TensorFlow
+# runs that a resumed run is compared with go without dropout. PyTorch reseeds per epoch and keeps it.
+FLAGS = {HVD_TORCH: QUICK, HVD_TF: [*QUICK, "--dropout", "0"], HVD_KERAS: QUICK}
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    """A 2-rank run of FLAGS per (script, launcher), made once: the test that checks it and the resume
+    test that compares against it read the same files."""
+    done = {}
+
+    def get(script, launch, name):
+        if name not in done:
+            done[name] = tmp_path_factory.mktemp(name)
+            check(run(launch(script, *FLAGS[script], "--log-dir", done[name]), timeout=300))
+        return done[name]
+    return get
+
+
 @pytest.mark.parametrize("script,launch,launcher", LAUNCHES)
-def test_two_ranks_train_and_stay_identical(tmp_path, script, launch, launcher):
-    check(run(launch(script, *QUICK, "--log-dir", tmp_path), timeout=300))
-    history = assert_trained_and_identical(tmp_path)
+def test_two_ranks_train_and_stay_identical(request, quick_run, script, launch, launcher):
+    log_dir = quick_run(script, launch, request.node.callspec.id)
+    history = assert_trained_and_identical(log_dir)
     assert history[0]["launcher"] == launcher
-    assert_event_epochs(tmp_path)  # TensorBoard's event files: every epoch (Keras' fit included)
+    assert_event_epochs(log_dir)  # TensorBoard's event files: every epoch (Keras' fit included)
     # the course's CPU knob (utils/dist.HOROVOD_CPU_KNOBS) reached Horovod before hvd.init()
-    assert json.loads((tmp_path / "config.json").read_text())["horovod_knobs"] == {"HOROVOD_CYCLE_TIME": "5"}
+    assert json.loads((log_dir / "config.json").read_text())["horovod_knobs"] == {"HOROVOD_CYCLE_TIME": "5"}
 
 
 def test_fp16_allreduce_trains_and_keeps_ranks_identical(tmp_path):
@@ -76,19 +95,16 @@ def test_tf_reaches_90_percent_on_real_digits(tmp_path):
     assert metrics(tmp_path)[-1]["test_acc"] >= 0.90
 
 
-@pytest.mark.parametrize("script,dropout", [(HVD_TORCH, "0.25"), (HVD_TF, "0")])
-def test_resume_matches_an_uninterrupted_run(tmp_path, script, dropout):
-    # TF: Keras 3 dropout layers draw from their own seed generator, which no checkpoint records, so the
-    # TensorFlow run is compared without dropout; PyTorch reseeds per epoch and matches with it.
-    quick = ["--max-steps", "5", "--seed", "3", "--dropout", dropout]
-    check(run(horovodrun(2, script, *quick, "--epochs", "2", "--log-dir", tmp_path / "straight"), timeout=300))
-    check(run(horovodrun(2, script, *quick, "--epochs", "1", "--log-dir", tmp_path / "split"), timeout=300))
-    check(run(horovodrun(2, script, *quick, "--epochs", "2", "--resume", "--log-dir", tmp_path / "split"),
-              timeout=300))
-    assert summary(tmp_path / "split")["param_checksums"] == summary(tmp_path / "straight")["param_checksums"]
-    assert [m["epoch"] for m in metrics(tmp_path / "split")] == [1, 2]
-    assert metrics(tmp_path / "split")[1]["train_loss"] == pytest.approx(
-        metrics(tmp_path / "straight")[1]["train_loss"], abs=1e-9)
+@pytest.mark.parametrize("name", ["torch-horovodrun-gloo", "tf-horovodrun-gloo"])
+def test_resume_matches_an_uninterrupted_run(tmp_path, quick_run, name):
+    """Epoch 1, then --resume to epoch 2, ends where the 2-epoch run of the same flags ended."""
+    script, launch, _ = next(p.values for p in LAUNCHES if p.id == name)
+    straight = quick_run(script, launch, name)
+    check(run(launch(script, *FLAGS[script], "--epochs", "1", "--log-dir", tmp_path), timeout=300))
+    check(run(launch(script, *FLAGS[script], "--resume", "--log-dir", tmp_path), timeout=300))
+    assert summary(tmp_path)["param_checksums"] == summary(straight)["param_checksums"]
+    assert [m["epoch"] for m in metrics(tmp_path)] == [1, 2]
+    assert metrics(tmp_path)[1]["train_loss"] == pytest.approx(metrics(straight)[1]["train_loss"], abs=1e-9)
 
 
 @pytest.mark.parametrize("script", [HVD_TORCH, HVD_TF, HVD_KERAS])
