@@ -39,8 +39,9 @@ def test_sigkill_of_one_rank_ends_the_whole_job(tmp_path, script, launcher):
                                                           marks=LONG)])
 def test_a_hung_rank_ends_the_job_after_the_collective_timeout(tmp_path, script, launcher):
     """SIGSTOP rank 1 (alive, silent: a hung node): with --dist-timeout 10 rank 0's collective gives up after
-    10 s, rank 0 exits with one line, and the launcher tears the job down (SIGKILL reaches a stopped process).
-    Horovod's examples turn --dist-timeout into HOROVOD_GLOO_TIMEOUT_SECONDS (utils/dist.horovod_knobs)."""
+    10 s, rank 0 exits with one line, and the launcher tears the job down (rank 1, resumed once rank 0 is gone,
+    takes the launcher's SIGTERM: see signal_rank_1). Horovod's examples turn --dist-timeout into
+    HOROVOD_GLOO_TIMEOUT_SECONDS (utils/dist.horovod_knobs)."""
     rc, survivor_s, launcher_s, output = signal_rank_1(tmp_path, script, launcher, signal.SIGSTOP,
                                                        "--dist-timeout", "10")
     print(f"\n[{script} / hung rank 1] rank 0 gone after {survivor_s:.1f} s; "
