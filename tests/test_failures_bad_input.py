@@ -63,16 +63,17 @@ def corrupted_data(folder):
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
-@pytest.mark.parametrize("make", [unreadable_data, corrupted_data], ids=["unreadable", "corrupted"])
-def test_bad_data_dir_is_one_line_and_non_zero(tmp_path, script, make):
-    folder, words = make(tmp_path / "data")
-    result = run(python(script, "--data-dir", folder, "--log-dir", tmp_path / "log", "--num-threads", "1"),
-                 timeout=120)
-    assert result.returncode == 2
-    errors = error_lines(result.stderr)
-    assert len(errors) == 1 and words in errors[0] and str(folder) in errors[0], result.stderr[-3000:]
-    assert "Traceback" not in result.stderr
-    assert_log_dir_sound(tmp_path / "log")
+def test_bad_data_dir_is_one_line_and_non_zero(tmp_path, script):
+    """An unreadable and a corrupted data folder, one command line each (both in one interpreter)."""
+    cases = [make(tmp_path / make.__name__) for make in (unreadable_data, corrupted_data)]
+    outcomes = run_rows(script, [["--data-dir", str(folder), "--log-dir", str(tmp_path / f"log{i}"),
+                                  "--num-threads", "1"] for i, (folder, _) in enumerate(cases)])
+    for i, ((folder, words), outcome) in enumerate(zip(cases, outcomes)):
+        errors = error_lines(outcome["stderr"])
+        assert outcome["code"] == 2, (words, outcome)
+        assert len(errors) == 1 and words in errors[0] and str(folder) in errors[0], outcome["stderr"][-3000:]
+        assert "Traceback" not in outcome["stderr"]
+        assert_log_dir_sound(tmp_path / f"log{i}")
 
 
 
