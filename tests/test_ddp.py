@@ -2,6 +2,7 @@
 import pytest
 import torch
 
+from failures_support import run_rows
 from support import (
     DDP,
     assert_each_rank_refused,
@@ -82,20 +83,25 @@ def test_resume_matches_an_uninterrupted_run(tmp_path, quick_run):
         assert a["test_acc"] == b["test_acc"]
 
 
-@pytest.mark.parametrize("flags,words", [
+BAD_INPUT = [
     (["--batch-size", "0"], "--batch-size"),
     (["--lr", "-1"], "--lr"),
     (["--data-dir", "/no/such/dir"], "/no/such/dir"),
     (["--epochs", "two"], "--epochs"),
     (["--no-such-flag"], "--no-such-flag"),
     (["--epoch", "1"], "--epoch 1"),  # an abbreviation of --epochs is refused, not taken for it
-])
-def test_bad_input_is_one_line_and_non_zero(tmp_path, flags, words):
-    result = run(python(SCRIPT, *flags, "--log-dir", tmp_path), timeout=120)
-    assert result.returncode != 0
-    errors = error_lines(result.stderr)
-    assert len(errors) == 1 and words in errors[0], result.stderr
-    assert "Traceback" not in result.stderr and "usage:" not in result.stderr  # one line, not the usage block
+]
+
+
+def test_bad_input_is_one_line_and_non_zero(tmp_path):
+    """Each row is one command line, all run in one interpreter (run_rows): each is refused before training."""
+    outcomes = run_rows(SCRIPT, [[*flags, "--log-dir", str(tmp_path / "log")] for flags, _ in BAD_INPUT])
+    for (flags, words), outcome in zip(BAD_INPUT, outcomes):
+        assert outcome["code"] not in (0, None, "finished"), (flags, outcome)
+        errors = error_lines(outcome["stderr"])
+        assert len(errors) == 1 and words in errors[0], (flags, outcome["stderr"])
+        # one line, not the usage block
+        assert "Traceback" not in outcome["stderr"] and "usage:" not in outcome["stderr"], (flags, outcome)
 
 
 def test_bad_input_fails_every_rank_under_torchrun(tmp_path):

@@ -3,6 +3,7 @@ the same arithmetic on the unsplit model (the lessons' own --save-model files: t
 import pytest
 import torch
 
+from failures_support import run_rows
 from support import (
     PP,
     TP,
@@ -106,19 +107,22 @@ def test_bad_sizes_fail_every_rank_in_one_line(tmp_path, nproc, script, flags, w
     assert not (tmp_path / "config.json").exists()  # stopped before anything started
 
 
-@pytest.mark.parametrize("script,flags,words", [
-    (TP, ["--dp", "2"], "--dp 2 does not divide the 1 rank(s)"),
-    (PP, ["--micro-batches", "3"], "--micro-batches 3 does not divide --batch-size 32"),
-    (PP, ["--resume"], "keep no checkpoints"),
-    (TP, ["--grad-accum", "2"], "--grad-accum"),
-    (PP, ["--schedule", "interleaved"], "--schedule"),
-])
-def test_bad_input_is_one_line_and_exit_2(tmp_path, script, flags, words):
-    result = run(python(script, *flags, "--log-dir", tmp_path), timeout=120)
-    assert result.returncode == 2
-    errors = error_lines(result.stderr)
-    assert len(errors) == 1 and words in errors[0], result.stderr
-    assert "Traceback" not in result.stderr
+BAD_INPUT = {  # one interpreter per lesson runs its rows (run_rows): each refusal comes before training
+    TP: [(["--dp", "2"], "--dp 2 does not divide the 1 rank(s)"), (["--grad-accum", "2"], "--grad-accum")],
+    PP: [(["--micro-batches", "3"], "--micro-batches 3 does not divide --batch-size 32"),
+         (["--resume"], "keep no checkpoints"), (["--schedule", "interleaved"], "--schedule")],
+}
+
+
+@pytest.mark.parametrize("script", BAD_INPUT)
+def test_bad_input_is_one_line_and_exit_2(tmp_path, script):
+    table = BAD_INPUT[script]
+    outcomes = run_rows(script, [[*flags, "--log-dir", str(tmp_path / "log")] for flags, _ in table])
+    for (flags, words), outcome in zip(table, outcomes):
+        assert outcome["code"] == 2, (flags, outcome)
+        errors = error_lines(outcome["stderr"])
+        assert len(errors) == 1 and words in errors[0], (flags, outcome["stderr"])
+        assert "Traceback" not in outcome["stderr"], (flags, outcome["stderr"])
 
 
 @pytest.mark.parametrize("script", [TP, PP])
