@@ -159,15 +159,17 @@ def test_bad_checkpoint_is_one_line_and_leaves_the_log_dir_alone(tmp_path, tiny,
             plant_code(next((tmp_path / "runs-code" / "checkpoints").rglob("*model_states.pt")),
                        tmp_path / "runs-code" / "code-ran")
             cases["runs-code"] = tmp_path / "runs-code"
-    for name, log_dir in cases.items():
-        before = {p.relative_to(log_dir): p.read_bytes() for p in log_dir.rglob("*") if p.is_file()}
-        result = run(python(script, "--resume", "--data-dir", tiny, "--num-threads", "1", "--log-dir", log_dir),
-                     timeout=180)
-        errors = error_lines(result.stderr)
-        assert result.returncode == 2, (name, result.stderr[-3000:])
-        assert len(errors) == 1 and "checkpoint" in errors[0], (name, result.stderr[-3000:])
-        assert "Traceback" not in result.stderr, (name, result.stderr[-3000:])
-        assert_log_dir_sound(log_dir, before)
+    before = {name: {p.relative_to(log_dir): p.read_bytes() for p in log_dir.rglob("*") if p.is_file()}
+              for name, log_dir in cases.items()}
+    # one command line per case, all in one interpreter (run_rows): each is refused before training
+    outcomes = run_rows(script, [["--resume", "--data-dir", str(tiny), "--num-threads", "1", "--log-dir",
+                                  str(log_dir)] for log_dir in cases.values()])
+    for (name, log_dir), outcome in zip(cases.items(), outcomes):
+        errors = error_lines(outcome["stderr"])
+        assert outcome["code"] == 2, (name, outcome["stderr"][-3000:])
+        assert len(errors) == 1 and "checkpoint" in errors[0], (name, outcome["stderr"][-3000:])
+        assert "Traceback" not in outcome["stderr"], (name, outcome["stderr"][-3000:])
+        assert_log_dir_sound(log_dir, before[name])
         assert not (log_dir / "code-ran").exists(), "a checkpoint ran code while loading"
         print(f"\n[{script} {name}] {errors[0]}")
 
