@@ -79,3 +79,18 @@ def test_srun_ranks_meet_at_the_steps_first_node(monkeypatch):
     env = dist.DistEnv(rank=1, world_size=2, local_world_size=1, launcher="srun")
     assert dist.master_address(env)[0] == "nid001"
     assert calls == [["scontrol", "show", "hostnames", "nid[001-002]"]]
+
+
+@pytest.mark.parametrize("variables,port", [
+    ({}, 29500),
+    ({"PBS_JOBID": "4242.sophia-pbs-01.lab.alcf.anl.gov"}, 29742),
+    ({"SLURM_JOB_ID": "1017"}, 29517),
+    ({"PBS_JOBID": "not-a-number"}, 29500),
+])
+def test_the_default_port_moves_with_the_job_number(monkeypatch, variables, port):
+    """Two jobs sharing a node meet on different ports; every rank of one job computes the same."""
+    for name in ("PBS_JOBID", "SLURM_JOB_ID", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    assert dist.default_port() == port

@@ -1,5 +1,6 @@
 """Bad flags, data, checkpoints and world sizes: one `error:` line per rank, exit 2, nothing half-written."""
 import os
+import socket
 import sys
 
 import pytest
@@ -204,3 +205,34 @@ def test_more_ranks_than_training_samples_fails_every_rank(tmp_path, script):
     assert len(errors) == 2 and all("too few for 2 ranks" in e for e in errors), result.stderr[-3000:]
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "log").exists(), "a run that failed before its first epoch left its log dir"
+
+
+def test_a_master_port_in_use_is_one_line_on_rank_0_that_names_it(tmp_path):
+    """MASTER_PORT held by an outgoing connection (any port of the kernel's ephemeral range can become one):
+    rank 0 cannot listen on it and says so in one line; rank 1, which never meets it, gives up after
+    --dist-timeout. What ended a Slurm job of the suite once, when the tests still took MASTER_PORT from
+    the ephemeral range (utils/dist.free_port now takes it from below)."""
+    from utils.tools.launch import launch_command
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        with socket.create_connection(server.getsockname()) as client, server.accept()[0]:
+            port = client.getsockname()[1]
+            result = run(launch_command(DDP, 2, "mpiexec", ["--epochs", "1", "--dist-timeout", "5", "--log-dir",
+                                                            tmp_path / "log"], port=port), timeout=120)
+    assert result.returncode != 0
+    said = [line for line in error_lines(result.stderr) if "cannot listen on MASTER_PORT" in line]
+    assert len(said) == 1 and said[0].startswith(f"error: rank 0 cannot listen on MASTER_PORT {port}: address "
+                                                 "already in use"), result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    assert_log_dir_sound(tmp_path / "log")
+    print(f"\n{said[0]}")
+
+
+def test_free_ports_come_from_below_the_ephemeral_range():
+    from utils.dist import free_port
+    low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    for port in (free_port() for _ in range(20)):
+        assert 20000 <= port < low
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))  # and free

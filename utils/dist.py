@@ -172,7 +172,16 @@ def master_address(env):
             addr = _mpi_bcast(socket.gethostname())
         else:
             fail("ranks span several hosts: set MASTER_ADDR to rank 0's host name")
-    return addr, _int("MASTER_PORT", 29500)
+    return addr, _int("MASTER_PORT", default_port())
+
+
+def default_port():
+    """29500, moved by the scheduler's job number (PBS_JOBID 4242.host: 29742), which every rank of
+    a job sees alike: two jobs sharing a node (Sophia's by-gpu queue, a shared Slurm partition)
+    then rarely meet on one port, where rank 0 of the second could not listen."""
+    job = os.environ.get("SLURM_JOB_ID") or os.environ.get("PBS_JOBID") or ""
+    digits = job[:len(job) - len(job.lstrip("0123456789"))]
+    return 29500 + int(digits) % 1000 if digits else 29500
 
 
 # Horovod's background thread wakes every HOROVOD_CYCLE_TIME ms (Horovod's default: 1) to agree with
@@ -224,9 +233,26 @@ def pick_backend(requested, device):
 
 
 def free_port():
-    """A TCP port on loopback that nobody listens on right now (a private rendezvous for one
-    process)."""
-    with socket.socket() as s:
+    """A TCP port on loopback that nobody uses right now (a private rendezvous), from below the
+    kernel's ephemeral range. An ephemeral port (what binding port 0 gives) is also what any
+    outgoing connection takes, so it can be in use again by the time rank 0 listens on it: rank 0
+    then fails with EADDRINUSE and the other ranks wait for it (seen once in a Slurm job)."""
+    import random
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768  # Linux's default; macOS's range starts at 49152
+    pick = random.SystemRandom()  # not the lessons' seeded generator: two runs must not pick alike
+    for _ in range(200):
+        port = pick.randrange(20000, max(low, 20001))
+        with socket.socket() as s:
+            try:
+                s.bind((LOOPBACK, port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # all tried were taken: the kernel's choice
         s.bind((LOOPBACK, 0))
         return s.getsockname()[1]
 

@@ -164,6 +164,11 @@ def _waited_where(exc):
 
 
 def _peer_line(exc):
+    if "EADDRINUSE" in str(exc) or "address already in use" in str(exc).lower():
+        port = os.environ.get("MASTER_PORT", "?")
+        return (f"rank {_rank()} cannot listen on MASTER_PORT {port}: address already in use "
+                "(another run or connection on this node holds it); "
+                "set MASTER_PORT to a free port")
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
     peer_line = next((line for line in lines if any(text in line for text in PEER_ERROR_TEXTS)),
                      lines[0])

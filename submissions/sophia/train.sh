@@ -43,8 +43,10 @@ RANKS_PER_NODE=${RANKS_PER_NODE:-8}      # 8 A100 per node (a by-gpu job: the GP
 NRANKS=$((NNODES * RANKS_PER_NODE))
 step export OMP_NUM_THREADS=16           # 2 x 64 cores, 16 per GPU
 # rank 0 runs on the node file's first host (a dry run outside a job: this host)
+# and listens on 29500 + the job number mod 1000: by-gpu jobs share nodes, and so would one port
+JOB_NUMBER=${PBS_JOBID%%[!0-9]*}
 step export MASTER_ADDR="$(head -n 1 "$PBS_NODEFILE" 2>/dev/null || hostname)" \
-  MASTER_PORT="${MASTER_PORT:-29500}"
+  MASTER_PORT="${MASTER_PORT:-$((29500 + 10#${JOB_NUMBER:-0} % 1000))}"
 
 # --- launch: all ranks at once (scale.sh: one run at 1, 2, 4, ... ranks each) ---------------------
 # Open MPI passes no environment on by itself (Cray MPICH's mpiexec and srun pass all of it): -x
