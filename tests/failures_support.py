@@ -35,6 +35,7 @@ from support import (  # noqa: F401
     horovodrun,
     kill_tree,
     launch_command,
+    made_once,
     metrics,
     mpiexec,
     python,
@@ -179,7 +180,6 @@ def assert_no_traceback_through_the_example(output):
 PER_SCRIPT = {DDP: [], HVD_TORCH: [], DS: [],
               # Keras 3 dropout layers draw from a seed generator no checkpoint records: resume without dropout
               HVD_TF: ["--dropout", "0"], HVD_KERAS: []}
-_straight = {}
 
 
 def quick(script, log_dir, *extra):
@@ -192,16 +192,13 @@ def checked(result):
     return result
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def straight_run(tmp_path_factory, tiny):
     """The uninterrupted run of an example (run once per module, shared by the tests below)."""
-    def get(script):
-        if script not in _straight:
-            log_dir = tmp_path_factory.mktemp("straight")
-            checked(run(quick(script, log_dir, "--data-dir", tiny), timeout=240))
-            _straight[script] = log_dir
-        return _straight[script]
-    return get
+    def make(script, log_dir):
+        checked(run(quick(script, log_dir, "--data-dir", tiny), timeout=240))
+        return log_dir
+    return made_once(tmp_path_factory, make)
 
 
 

@@ -68,6 +68,20 @@ def kill_tree(proc):
     psutil.wait_procs(family, timeout=10)
 
 
+def made_once(tmp_path_factory, make):
+    """For a module fixture whose runs several tests read (a 2-rank run, and the resume test that compares
+    with it): get(key) calls make(key, a new folder) the first time a key is asked for, and returns
+    what it returned every time."""
+    done = {}
+
+    def get(key):
+        if key not in done:
+            name = re.sub(r"\W+", "-", getattr(key, "__name__", str(key)))
+            done[key] = make(key, tmp_path_factory.mktemp(name))
+        return done[key]
+    return get
+
+
 def check(result):
     """Assert exit 0, showing the output's tail when not."""
     assert result.returncode == 0, (f"exit {result.returncode}: {' '.join(map(str, result.args))}\n"

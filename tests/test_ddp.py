@@ -8,6 +8,7 @@ from support import (
     assert_each_rank_refused,
     check,
     error_lines,
+    made_once,
     metrics,
     mpiexec,
     python,
@@ -24,14 +25,10 @@ QUICK = ["--epochs", "2", "--max-steps", "8", "--log-interval", "4"]
 def quick_run(tmp_path_factory):
     """The 2-rank QUICK run under a launcher, made once: the test that checks it and the resume test that
     compares against it read the same files."""
-    done = {}
-
-    def get(launcher):
-        if launcher not in done:
-            done[launcher] = tmp_path_factory.mktemp(launcher.__name__)
-            check(run(launcher(2, SCRIPT, *QUICK, "--log-dir", done[launcher]), timeout=240))
-        return done[launcher]
-    return get
+    def make(launcher, log_dir):
+        check(run(launcher(2, SCRIPT, *QUICK, "--log-dir", log_dir), timeout=240))
+        return log_dir
+    return made_once(tmp_path_factory, make)
 
 
 @pytest.mark.parametrize("launcher", [torchrun, mpiexec], ids=["torchrun", "mpiexec"])

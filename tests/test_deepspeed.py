@@ -14,6 +14,7 @@ from support import (
     check,
     deepspeed_launcher,
     error_lines,
+    made_once,
     metrics,
     mpiexec,
     python,
@@ -35,17 +36,12 @@ LAUNCHES = {"deepspeed": (deepspeed_launcher, "2"), "torchrun": (torchrun, "3"),
 def quick_run(tmp_path_factory):
     """The 2-rank QUICK run under a launcher (its log dir and output), made once: the test that checks it
     and the resume test that compares against it read the same files."""
-    done = {}
-
-    def get(name):
-        if name not in done:
-            launcher, stage = LAUNCHES[name]
-            log_dir = tmp_path_factory.mktemp(name)
-            result = check(run(launcher(2, SCRIPT, *QUICK, "--zero-stage", stage, "--log-dir", log_dir),
-                               timeout=240))
-            done[name] = log_dir, result.stdout + result.stderr
-        return done[name]
-    return get
+    def make(name, log_dir):
+        launcher, stage = LAUNCHES[name]
+        result = check(run(launcher(2, SCRIPT, *QUICK, "--zero-stage", stage, "--log-dir", log_dir),
+                           timeout=240))
+        return log_dir, result.stdout + result.stderr
+    return made_once(tmp_path_factory, make)
 
 
 @pytest.mark.parametrize("name", LAUNCHES)

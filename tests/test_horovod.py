@@ -12,6 +12,7 @@ from support import (
     assert_event_epochs,
     check,
     horovodrun,
+    made_once,
     metrics,
     mpiexec,
     python,
@@ -47,23 +48,25 @@ LAUNCHES = [  # the first of each script is also the resume test's uninterrupted
 FLAGS = {HVD_TORCH: QUICK, HVD_TF: [*QUICK, "--dropout", "0"], HVD_KERAS: QUICK}
 
 
+def launch_named(name):
+    """(script, launch, launcher) of the LAUNCHES row with this id."""
+    return next(p.values for p in LAUNCHES if p.id == name)
+
+
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory):
     """A 2-rank run of FLAGS per (script, launcher), made once: the test that checks it and the resume
     test that compares against it read the same files."""
-    done = {}
-
-    def get(script, launch, name):
-        if name not in done:
-            done[name] = tmp_path_factory.mktemp(name)
-            check(run(launch(script, *FLAGS[script], "--log-dir", done[name]), timeout=300))
-        return done[name]
-    return get
+    def make(name, log_dir):
+        script, launch, _ = launch_named(name)
+        check(run(launch(script, *FLAGS[script], "--log-dir", log_dir), timeout=300))
+        return log_dir
+    return made_once(tmp_path_factory, make)
 
 
 @pytest.mark.parametrize("script,launch,launcher", LAUNCHES)
 def test_two_ranks_train_and_stay_identical(request, quick_run, script, launch, launcher):
-    log_dir = quick_run(script, launch, request.node.callspec.id)
+    log_dir = quick_run(request.node.callspec.id)
     history = assert_trained_and_identical(log_dir)
     assert history[0]["launcher"] == launcher
     assert_event_epochs(log_dir)  # TensorBoard's event files: every epoch (Keras' fit included)
@@ -98,8 +101,8 @@ def test_tf_reaches_90_percent_on_real_digits(tmp_path):
 @pytest.mark.parametrize("name", ["torch-horovodrun-gloo", "tf-horovodrun-gloo"])
 def test_resume_matches_an_uninterrupted_run(tmp_path, quick_run, name):
     """Epoch 1, then --resume to epoch 2, ends where the 2-epoch run of the same flags ended."""
-    script, launch, _ = next(p.values for p in LAUNCHES if p.id == name)
-    straight = quick_run(script, launch, name)
+    script, launch, _ = launch_named(name)
+    straight = quick_run(name)
     check(run(launch(script, *FLAGS[script], "--epochs", "1", "--log-dir", tmp_path), timeout=300))
     check(run(launch(script, *FLAGS[script], "--resume", "--log-dir", tmp_path), timeout=300))
     assert summary(tmp_path)["param_checksums"] == summary(straight)["param_checksums"]

@@ -27,6 +27,22 @@ trap on_error ERR
 
 sha() { sha256sum | cut -c1-16; }
 
+# A first install fills the venv with ~7.3 GB (torch's PyPI wheel is its CUDA build, 4 GB of it CUDA
+# libraries) and pip's temporary files; a disk that runs out mid-install leaves a broken venv and pip's
+# OSError. So say it first, in one line. SCALING_DL_NEED_GB changes the figure.
+NEED_GB="${SCALING_DL_NEED_GB:-12}"
+need_space() {
+  local dir="$1"
+  while [[ ! -d "$dir" ]]; do dir=$(dirname "$dir"); done
+  local free_kb
+  free_kb=$(df -Pk "$dir" | awk 'NR == 2 {print $4}')
+  if (( free_kb < NEED_GB * 1024 * 1024 )); then
+    printf 'error: make setup needs about %s GB free to install the frameworks into %s; its disk has %s GB free (free some space, or set VENV= to a folder on a disk with room)\n' \
+      "$NEED_GB" "$1" "$(awk -v kb="$free_kb" 'BEGIN {printf "%.1f", kb / 1048576}')" >&2
+    exit 1
+  fi
+}
+
 # --- 0. refuse to shadow an ALCF software stack --------------------------------------------------
 # Aurora: /lus/flare. Polaris and Sophia (ThetaGPU's nodes) share /lus/eagle and /soft/modulefiles.
 # (Theta and ThetaGPU, with /lus/theta-fs0, stopped running jobs on 2023-12-31.)
@@ -63,6 +79,7 @@ REQ_KEY=$(cat "$ROOT/requirements.txt" "$ROOT/requirements-nodeps.txt" <("$PY" -
 if [[ "$(cat "$VENV/.stamp-requirements" 2>/dev/null)" == "$REQ_KEY" ]]; then
   echo "up to date ($REQ_KEY)"
 else
+  need_space "$VENV"
   echo "installing (torch, TensorFlow and DeepSpeed: a few minutes the first time)"
   "${PIP[@]}" install --progress-bar off -r "$ROOT/requirements.txt" | grep -v '^Requirement already satisfied'
   "${PIP[@]}" install --progress-bar off --no-deps -r "$ROOT/requirements-nodeps.txt" | grep -v '^Requirement already satisfied'
