@@ -208,10 +208,11 @@ def test_more_ranks_than_training_samples_fails_every_rank(tmp_path, script):
 
 
 def test_a_master_port_in_use_is_one_line_on_rank_0_that_names_it(tmp_path):
-    """MASTER_PORT held by an outgoing connection (any port of the kernel's ephemeral range can become one):
-    rank 0 cannot listen on it and says so in one line; rank 1, which never meets it, gives up after
-    --dist-timeout. What ended a Slurm job of the suite once, when the tests still took MASTER_PORT from
-    the ephemeral range (utils/dist.free_port now takes it from below)."""
+    """MASTER_PORT in use by another program (here an outgoing connection holds it): rank 0 cannot
+    listen on it and says so in one line; rank 1, which never meets it, gives up after --dist-timeout.
+    What ended a Slurm job of the suite once, when the tests still took MASTER_PORT from the kernel's
+    ephemeral range, where srun's own listening ports come from (utils/dist.free_port now takes it
+    from below)."""
     from utils.tools.launch import launch_command
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))

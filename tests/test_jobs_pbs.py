@@ -4,12 +4,15 @@
 The dry run prints the plan; the real runs train on CPUs through the launcher's stand-in. Each
 printed launch line must be the one written in the script's text, with its variables' values."""
 
+import re
 import socket
+from pathlib import Path
 
 import pytest
 
 from jobs_support import (
     EXAMPLES,
+    FORWARDED,
     LAUNCHER,
     PBS,
     QUICK,
@@ -337,3 +340,56 @@ def test_a_failed_launch_ends_with_one_error_line(tmp_path):
     assert last.startswith("error: ddp on 1 rank(s) exited with 2 (output in "), result.stderr
     assert "Traceback" not in result.stderr
     assert LAUNCHER["sophia"] == shim_launches(tmp_path)[0][0]
+
+
+# submissions/README.md's dry-run excerpts, each run again and compared line by line. The excerpts show
+# the repository at /home/me/scaling-dl and the hosts a real node file names; a local run's log folder
+# is named by its start time.
+EXCERPT = re.compile(r"`(DRY_RUN=1 [^`]*?bash (submissions/\S+?\.sh)([^`]*))`((?:(?!```).)*?):\n\n```\n(.*?)```",
+                     re.S)
+HOSTS = {"aurora": ["x4102c5s2b0n0", "x4102c5s3b0n0"], "sophia": ["sophia-gpu-07", "sophia-gpu-08"],
+         "polaris": ["x3005c0s7b0n0", "x3005c0s7b1n0"]}
+EXCERPT_NODEFILE = "/tmp/excerpt/sophia_nodes"
+
+
+def readme_excerpts():
+    found = [m.groups() for m in EXCERPT.finditer((SUB / "README.md").read_text())]
+    return [pytest.param(*groups, id=f"{groups[1].split('/')[1]}-{i}") for i, groups in enumerate(found)]
+
+
+def normalised(text):
+    return re.sub(r"\b\d{8}-\d{6}\b", "YYYYMMDD-HHMMSS", text)
+
+
+def test_the_readme_shows_each_scripts_dry_run_excerpt():
+    assert {p.values[1] for p in readme_excerpts()} == {f"submissions/{m}/train.sh" for m in (*PBS, "local")}
+
+
+@pytest.mark.parametrize("command,script,args,context,shown", readme_excerpts())
+def test_a_readme_dry_run_excerpt_is_what_the_script_prints(tmp_path, command, script, args, context, shown):
+    machine = script.split("/")[1]
+    nodes = re.search(r"with (\d+) nodes?", context)
+    env = scheduler_env(machine, tmp_path, int(nodes.group(1)) if nodes else 1)
+    # as shown: none of sophia/train.sh's forwarded settings set (a COURSE_ key would plant faults: run())
+    env.update(DRY_RUN="1", RUNS_DIR="", MASTER_PORT="",
+               **{name: "" for name in FORWARDED if not name.startswith("COURSE_")})
+    if nodes:  # inside a job: the node file names the machine's hosts
+        Path(env["PBS_NODEFILE"]).write_text("".join(f"{h}\n" for h in HOSTS[machine][: int(nodes.group(1))]))
+        cmd = job_command(ROOT / script, tmp_path)
+    else:  # a login node or a workstation
+        env.update(PBS_NODEFILE="", PBS_JOBID="", PBS_O_WORKDIR="")
+        cmd = ["bash", ROOT / script]
+    settings = dict(word.split("=", 1) for word in command.split(" bash ")[0].split())
+    env.update(settings)
+    # stdout and stderr in one stream, in order, as the terminal showed them
+    out = check(run(["bash", "-c", 'exec "$@" 2>&1', "dry-run", *cmd, *args.split()], env=env, timeout=60)).stdout
+    fresh = out.replace(str(ROOT), "/home/me/scaling-dl").replace(env["PBS_NODEFILE"] or "\0",
+                                                                   EXCERPT_NODEFILE)
+    assert normalised(fresh).splitlines() == normalised(shown).splitlines()
+
+
+def test_the_readme_polaris_nccl_export_line_is_what_the_script_prints(tmp_path):
+    shown = re.search(r"EXAMPLE=deepspeed` on 2 nodes prints, before the launch:\n\n\s*```\n\s*(export .*)\n",
+                      (SUB / "README.md").read_text()).group(1)
+    result, _ = job("polaris", tmp_path, 2, DRY_RUN="1", POLARIS_NCCL_TUNING="1", EXAMPLE="deepspeed")
+    assert shown in check(result).stdout.splitlines()

@@ -234,9 +234,10 @@ def pick_backend(requested, device):
 
 def free_port():
     """A TCP port on loopback that nobody uses right now (a private rendezvous), from below the
-    kernel's ephemeral range. An ephemeral port (what binding port 0 gives) is also what any
-    outgoing connection takes, so it can be in use again by the time rank 0 listens on it: rank 0
-    then fails with EADDRINUSE and the other ranks wait for it (seen once in a Slurm job)."""
+    kernel's ephemeral range. An ephemeral port (what binding port 0 gives) is what every program
+    that listens on "any free port" gets too (srun for its I/O, gloo, a TCPStore), so it can be
+    taken again by the time rank 0 listens on it: rank 0 then fails with EADDRINUSE and the other
+    ranks wait for it (seen once in a Slurm job; utils/tools/soak.py --port-pressure shows it)."""
     import random
     try:
         with open("/proc/sys/net/ipv4/ip_local_port_range") as f:

@@ -4,6 +4,7 @@
     python utils/tools/soak.py --runs 50                                  # DDP under torchrun
     python utils/tools/soak.py --runs 50 --example deepspeed --launcher deepspeed
     python utils/tools/soak.py --runs 50 --launcher mpiexec -- --epochs 1 --max-steps 3
+    python utils/tools/soak.py --runs 50 --launcher mpiexec --port-pressure   # MASTER_PORT under pressure
 
 Each run must exit 0 and print nothing on stderr that marks a crash (an abort in a library's threads after a
 finished run, a traceback). The table lists every kind of ending with its count; the exit status is 1 when any
@@ -11,18 +12,22 @@ run ended badly. Not part of `make test`: 50 runs take several minutes on 2 core
 """
 import argparse
 import collections
+import contextlib
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 sys.path.append(str(Path(__file__).resolve().parents[2]))  # the repo root, after site-packages
+from utils.dist import LOOPBACK, free_port
 from utils.tools.launch import EXAMPLES, LAUNCHERS, launch_command
 
 # Lines that mark a crash even when the exit code is 0 (a rank's teardown can abort after its summary).
-CRASH_MARKS = ("terminate called", "Traceback (most recent call last)", "Segmentation fault", "core dumped",
-               "Aborted", "error:")
+CRASH_MARKS = ("cannot listen on MASTER_PORT", "terminate called", "Traceback (most recent call last)",
+               "Segmentation fault", "core dumped", "Aborted", "error:")
 
 
 def classify(result):
@@ -34,6 +39,42 @@ def classify(result):
     return f"exit {result.returncode}" + (f", {marks[0]!r}" if marks else "")
 
 
+@contextlib.contextmanager
+def port_pressure(held=7000):
+    """Meanwhile keep `held` listening sockets on ports the kernel picks (bind to port 0), dropping the
+    oldest for a new one all the time: what srun does for its I/O and messages ("ephemeral ... selected
+    by the kernel", slurm.conf's SrunPortRange), and gloo and TCPStore for theirs, many times over.
+    A MASTER_PORT from that same pool can be taken before rank 0 listens on it."""
+    stop = threading.Event()
+
+    def churn():
+        sockets = collections.deque()
+        while not stop.is_set():
+            s = socket.socket()
+            s.bind((LOOPBACK, 0))
+            s.listen(1)
+            sockets.append(s)
+            if len(sockets) > held:
+                sockets.popleft().close()
+            time.sleep(0.0002)
+        for s in sockets:
+            s.close()
+    thread = threading.Thread(target=churn, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def kernel_port():
+    """A port the way free_port() picked it before (bind to port 0, release): the control."""
+    with socket.socket() as s:
+        s.bind((LOOPBACK, 0))
+        return s.getsockname()[1]
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=50)
@@ -42,15 +83,35 @@ def main():
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--timeout", type=int, default=180, help="seconds before one run counts as hung")
     parser.add_argument("--keep", default=None, help="folder for the output of runs that ended badly")
+    parser.add_argument("--port-pressure", action="store_true",
+                        help="meanwhile keep ~7000 listening sockets on kernel-picked ports, churning")
+    parser.add_argument("--kernel-port", action="store_true",
+                        help="MASTER_PORT from binding port 0 (how it was picked before), as a control")
     parser.add_argument("args", nargs="*", help="the example's flags (after --); default: 1 epoch of 2 steps")
     opts = parser.parse_args()
     flags = opts.args or ["--epochs", "1", "--max-steps", "2"]
     keep = Path(opts.keep or tempfile.mkdtemp(prefix="soak-"))
-    counts = collections.Counter()
     start = time.perf_counter()
+    pressure = port_pressure() if opts.port_pressure else contextlib.nullcontext()
+    with pressure:
+        counts = soak(opts, flags, keep)
+    print(f"\n{opts.example} x {opts.nproc} ranks under {opts.launcher}, {opts.runs} runs "
+          f"({time.perf_counter() - start:.0f} s){' under port pressure' if opts.port_pressure else ''}"
+          f"{', MASTER_PORT from port 0' if opts.kernel_port else ''}:")
+    for label, n in counts.most_common():
+        print(f"  {n:>4}  {label}")
+    if set(counts) != {"ok"}:
+        print(f"the output of each bad run is in {keep}")
+    return 0 if set(counts) == {"ok"} else 1
+
+
+def soak(opts, flags, keep):
+    counts = collections.Counter()
     for i in range(opts.runs):
         with tempfile.TemporaryDirectory() as log_dir:
-            cmd = launch_command(opts.example, opts.nproc, opts.launcher, [*flags, "--log-dir", log_dir])
+            port = kernel_port() if opts.kernel_port else free_port()
+            cmd = launch_command(opts.example, opts.nproc, opts.launcher, [*flags, "--log-dir", log_dir],
+                                 port=port)
             try:
                 result = subprocess.run(cmd, capture_output=True, text=True, timeout=opts.timeout)
                 label = classify(result)
@@ -63,13 +124,7 @@ def main():
             (keep / f"run-{i:03d}.log").write_text(f"{label}\n{' '.join(cmd)}\n--- stdout\n{result.stdout}\n"
                                                   f"--- stderr\n{result.stderr}")
         print(f"run {i + 1:>3}/{opts.runs}: {label}", flush=True)
-    print(f"\n{opts.example} x {opts.nproc} ranks under {opts.launcher}, {opts.runs} runs "
-          f"({time.perf_counter() - start:.0f} s):")
-    for label, n in counts.most_common():
-        print(f"  {n:>4}  {label}")
-    if set(counts) != {"ok"}:
-        print(f"the output of each bad run is in {keep}")
-    return 0 if set(counts) == {"ok"} else 1
+    return counts
 
 
 if __name__ == "__main__":

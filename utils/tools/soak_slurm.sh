@@ -32,13 +32,16 @@ printf 'source %s/env/bin/activate\nexport LD_LIBRARY_PATH=%s/.venv/lib${LD_LIBR
 MPI=()
 [[ "$EXAMPLE" == horovod* ]] && MPI=(SLURM_MPI_TYPE=pmi2)
 
+# The course's port picker (below the kernel's ephemeral range, where srun's own listening ports come from).
+port() { "$PY" -c 'import sys; sys.path.append(sys.argv[1]); from utils.dist import free_port; print(free_port())' "$ROOT"; }
+
 declare -A COUNT=()
 for ((i = 1; i <= RUNS; i++)); do
   OUT="$SOAK/job-$i.out"
   set +e
   (cd "$ROOT" && env -u VIRTUAL_ENV PATH=/usr/local/bin:/usr/bin:/bin ENV_SETUP="source $SOAK/setup.sh" \
     RUNS_DIR="$SOAK/runs" EXAMPLE="$EXAMPLE" TRAIN_ARGS="--epochs 1 --max-steps 2 --device cpu" \
-    MASTER_PORT=$((20000 + RANDOM % 20000)) "${MPI[@]}" \
+    MASTER_PORT="$(port)" "${MPI[@]}" \
     sbatch --wait --quiet --gpus-per-node=0 --constraint= --time=10 -N "$NODES" --ntasks-per-node="$PER_NODE" \
     -o "$OUT" submissions/slurm/train.sh > /dev/null 2>> "$SOAK/sbatch.err")
   rc=$?
