@@ -237,3 +237,28 @@ def test_free_ports_come_from_below_the_ephemeral_range():
         assert 20000 <= port < low
         with socket.socket() as s:
             s.bind(("127.0.0.1", port))  # and free
+
+
+def test_a_port_from_free_port_survives_other_programs_taking_kernel_picked_ports():
+    """While other programs keep listening on ports the kernel picks (srun, gloo, a TCPStore; here
+    utils/tools/soak.py's pressure, far more of them), a port picked by binding port 0 is soon taken
+    again, and one from free_port() never is. The control makes the test able to fail."""
+    import time
+
+    from utils.dist import free_port
+    from utils.tools.soak import kernel_port, port_pressure
+
+    def still_free(port):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+                return True
+            except OSError:
+                return False
+    with port_pressure():
+        time.sleep(1)  # the pressure's sockets in place
+        picks = [(kernel_port(), free_port()) for _ in range(60)]
+        time.sleep(2)  # what a job takes from the pick to rank 0's listen
+        taken = [(not still_free(old), not still_free(new)) for old, new in picks]
+    assert sum(old for old, _ in taken) >= 5, taken  # the race is real under this pressure...
+    assert not any(new for _, new in taken), taken   # ...and free_port() is out of it

@@ -4,7 +4,8 @@
     python utils/tools/soak.py --runs 50                                  # DDP under torchrun
     python utils/tools/soak.py --runs 50 --example deepspeed --launcher deepspeed
     python utils/tools/soak.py --runs 50 --launcher mpiexec -- --epochs 1 --max-steps 3
-    python utils/tools/soak.py --runs 50 --launcher mpiexec --port-pressure   # MASTER_PORT under pressure
+    python utils/tools/soak.py --runs 50 --launcher mpiexec --port-pressure -- --epochs 1 --max-steps 2 \
+        --dist-timeout 10              # MASTER_PORT while other programs take kernel-picked ports
 
 Each run must exit 0 and print nothing on stderr that marks a crash (an abort in a library's threads after a
 finished run, a traceback). The table lists every kind of ending with its count; the exit status is 1 when any
