@@ -246,7 +246,7 @@ def test_a_port_from_free_port_survives_other_programs_taking_kernel_picked_port
     import time
 
     from utils.dist import free_port
-    from utils.tools.soak import kernel_port, port_pressure
+    from utils.tools.launch import kernel_port, port_pressure
 
     def still_free(port):
         with socket.socket() as s:

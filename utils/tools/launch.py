@@ -3,7 +3,12 @@
 The lessons never import this: they only *read* what a launcher set (utils/dist.py, discover()). This module
 writes the other side, the command that starts an example on N ranks of this host with one of those launchers.
 """
+import collections
+import contextlib
+import socket
 import sys
+import threading
+import time
 from pathlib import Path
 
 from utils.dist import LOOPBACK, free_port
@@ -84,3 +89,40 @@ def simulated_nodes(example, nnodes, nproc_per_node, launcher="torchrun", args=(
         return [[str(bin_dir / "mpiexec"), "-launcher", "fork", "-hosts", hosts, "-ppn", str(nproc_per_node),
                  "-n", str(nnodes * nproc_per_node), "-env", "MASTER_PORT", port, python, *program, *tail]]
     raise ValueError(f"simulated nodes are started by torchrun or mpiexec, not {launcher!r}")
+
+
+# The ports a launch meets: utils/tools/soak.py --port-pressure and its control.
+@contextlib.contextmanager
+def port_pressure(held=7000):
+    """Meanwhile keep `held` listening sockets on ports the kernel picks (bind to port 0), dropping the
+    oldest for a new one all the time: what srun does for its I/O and messages ("ephemeral ... selected
+    by the kernel", slurm.conf's SrunPortRange), and gloo and TCPStore for theirs, many times over.
+    A MASTER_PORT from that same pool can be taken before rank 0 listens on it."""
+    stop = threading.Event()
+
+    def churn():
+        sockets = collections.deque()
+        while not stop.is_set():
+            s = socket.socket()
+            s.bind((LOOPBACK, 0))
+            s.listen(1)
+            sockets.append(s)
+            if len(sockets) > held:
+                sockets.popleft().close()
+            time.sleep(0.0002)
+        for s in sockets:
+            s.close()
+    thread = threading.Thread(target=churn, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def kernel_port():
+    """A port the way free_port() picked it before (bind to port 0, release): the control."""
+    with socket.socket() as s:
+        s.bind((LOOPBACK, 0))
+        return s.getsockname()[1]

@@ -14,17 +14,15 @@ run ended badly. Not part of `make test`: 50 runs take several minutes on 2 core
 import argparse
 import collections
 import contextlib
-import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 sys.path.append(str(Path(__file__).resolve().parents[2]))  # the repo root, after site-packages
-from utils.dist import LOOPBACK, free_port
-from utils.tools.launch import EXAMPLES, LAUNCHERS, launch_command
+from utils.dist import free_port
+from utils.tools.launch import EXAMPLES, LAUNCHERS, kernel_port, launch_command, port_pressure
 
 # Lines that mark a crash even when the exit code is 0 (a rank's teardown can abort after its summary).
 CRASH_MARKS = ("cannot listen on MASTER_PORT", "terminate called", "Traceback (most recent call last)",
@@ -40,42 +38,6 @@ def classify(result):
     return f"exit {result.returncode}" + (f", {marks[0]!r}" if marks else "")
 
 
-@contextlib.contextmanager
-def port_pressure(held=7000):
-    """Meanwhile keep `held` listening sockets on ports the kernel picks (bind to port 0), dropping the
-    oldest for a new one all the time: what srun does for its I/O and messages ("ephemeral ... selected
-    by the kernel", slurm.conf's SrunPortRange), and gloo and TCPStore for theirs, many times over.
-    A MASTER_PORT from that same pool can be taken before rank 0 listens on it."""
-    stop = threading.Event()
-
-    def churn():
-        sockets = collections.deque()
-        while not stop.is_set():
-            s = socket.socket()
-            s.bind((LOOPBACK, 0))
-            s.listen(1)
-            sockets.append(s)
-            if len(sockets) > held:
-                sockets.popleft().close()
-            time.sleep(0.0002)
-        for s in sockets:
-            s.close()
-    thread = threading.Thread(target=churn, daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join()
-
-
-def kernel_port():
-    """A port the way free_port() picked it before (bind to port 0, release): the control."""
-    with socket.socket() as s:
-        s.bind((LOOPBACK, 0))
-        return s.getsockname()[1]
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=50)
@@ -85,7 +47,7 @@ def main():
     parser.add_argument("--timeout", type=int, default=180, help="seconds before one run counts as hung")
     parser.add_argument("--keep", default=None, help="folder for the output of runs that ended badly")
     parser.add_argument("--port-pressure", action="store_true",
-                        help="meanwhile keep ~7000 listening sockets on kernel-picked ports, churning")
+                        help="meanwhile keep ~7000 listeners on kernel-picked ports, churning")
     parser.add_argument("--kernel-port", action="store_true",
                         help="MASTER_PORT from binding port 0 (how it was picked before), as a control")
     parser.add_argument("args", nargs="*", help="the example's flags (after --); default: 1 epoch of 2 steps")
