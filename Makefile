@@ -20,14 +20,14 @@ help:
 	@echo "make slurm-down stop it"
 
 setup:
-	@bash utils/tools/setup_env.sh
+	@bash tools/setup_env.sh
 
 # No setup first: the check says what is missing (and that `make setup` builds it), it does not build it.
 doctor:
-	@if [ -x $(PY) ]; then $(PY) utils/tools/doctor.py; else python3 utils/tools/doctor.py; fi
+	@if [ -x $(PY) ]; then $(PY) tools/doctor.py; else python3 tools/doctor.py; fi
 
 demo: setup
-	@$(PY) utils/tools/demo.py
+	@$(PY) tools/demo.py
 
 # PYTEST_ARGS: more pytest flags, e.g. PYTEST_ARGS="--durations=0" for every test's time.
 test: setup
@@ -38,16 +38,16 @@ test-all: setup
 	$(PY) -m pytest tests --durations=20 $(PYTEST_ARGS)
 
 bench: setup
-	@$(PY) utils/tools/bench.py $(if $(QUICK),--quick)
+	@$(PY) tools/bench.py $(if $(QUICK),--quick)
 
 figures: setup
-	@$(PY) utils/tools/figures.py $(if $(OUT),--out $(OUT))
+	@$(PY) tools/figures.py $(if $(OUT),--out $(OUT))
 
 slurm-up:
-	@bash utils/tools/slurm_cluster.sh up
+	@bash tools/slurm_cluster.sh up
 
 slurm-down:
-	@bash utils/tools/slurm_cluster.sh down
+	@bash tools/slurm_cluster.sh down
 
 clean:
 	rm -rf runs .pytest_cache

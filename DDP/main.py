@@ -19,9 +19,7 @@ from pathlib import Path
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # the repo root *after* site-packages
 import utils
 
-# Before the frameworks: a missing one is then one line that says how to get it, and the libraries'
-# lines that teach nothing are filtered (utils/quiet.py names each; COURSE_VERBOSE=1 shows them).
-utils.course_output()
+utils.course_output()  # course plumbing: a missing framework is one line; noise filtered
 
 import torch
 import torch.distributed as dist
@@ -30,7 +28,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-from utils import data, log
+from utils import data, failures, log, runfiles
 from utils import dist as course  # which variables each launcher sets; metrics functions
 from utils.parse_args import clip_flag, finished_already, get_parser, parse, resuming
 from utils.schedule import lr_at, scaled_lr
@@ -119,8 +117,8 @@ def main():
     env = replace(env, device=device, backend=backend, num_threads=num_threads)  # env, now complete
     log.configure(env.rank, env.local_rank, args.log_all_ranks)
     # --log-dir, or a folder named by rank 0's clock (the same name on every rank)
-    log_dir = args.log_dir or course.broadcast_object(log.default_log_dir("ddp"))
-    run = log.RunLog(log_dir, env.is_main)
+    log_dir = args.log_dir or course.broadcast_object(runfiles.default_log_dir("ddp"))
+    run = runfiles.RunLog(log_dir, env.is_main)
     log.info(f"{FRAMEWORK}: {env.world_size} rank(s) via {env.launcher}, device {env.device}, "
              f"backend {env.backend}, {env.num_threads} thread(s) per rank")
 
@@ -133,9 +131,7 @@ def main():
     #     same permutation everywhere, seeded). --grad-accum A: a rank plays A ranks of a world A
     #     times larger.
     A = args.grad_accum
-    if A > 1:
-        log.info(f"--grad-accum {A}: each step averages {A} micro-batches per rank: "
-                 f"an emulated world of {env.world_size * A}")
+    log.grad_accum(A, env.world_size)  # A > 1: says so
     loaders = [DataLoader(train_set, batch_size=args.batch_size, drop_last=True,
                           sampler=DistributedSampler(train_set, num_replicas=env.world_size * A,
                                                      rank=env.rank * A + k, shuffle=True,
@@ -150,7 +146,7 @@ def main():
     # [4] Scale the LR with the global batch: world_size (x grad-accum) times one rank's batch.
     lr = scaled_lr(args.lr, env.world_size * A, not args.no_lr_scaling)
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum)
-    checkpoint = Path(args.checkpoint_dir or Path(log_dir) / "checkpoints") / "checkpoint.pt"
+    checkpoint = runfiles.checkpoint_folder(args.checkpoint_dir, log_dir) / "checkpoint.pt"
     first_epoch = 1
     if resuming(args):  # [8] every rank reads the same file: all start from identical weights
         state = load_checkpoint(checkpoint, env.device)
@@ -197,4 +193,4 @@ def main():
 
 
 if __name__ == "__main__":
-    log.run_main(main)
+    failures.run_main(main)

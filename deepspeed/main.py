@@ -9,7 +9,6 @@
 The numbered comments [1]-[8] are the course's recipe: the same number marks the same step in every
 lesson (README.md, "The recipe"); deepspeed/README.md explains each line.
 """
-import argparse
 import os
 import sys
 import time
@@ -21,9 +20,7 @@ from pathlib import Path
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # the repo root *after* site-packages
 import utils
 
-# Before the frameworks: a missing one is then one line that says how to get it, and the libraries'
-# lines that teach nothing are filtered (utils/quiet.py names each; COURSE_VERBOSE=1 shows them).
-utils.course_output()
+utils.course_output()  # course plumbing: a missing framework is one line; noise filtered
 
 import deepspeed  # the library: this folder has no __init__.py, and the repo root comes last
 import torch
@@ -33,9 +30,9 @@ from deepspeed.accelerator import get_accelerator
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-from utils import data, ds_checkpoint, ds_config, log
+from utils import data, ds_checkpoint, ds_config, failures, log, runfiles
 from utils import dist as course  # which variables each launcher sets; metrics functions
-from utils.parse_args import finished_already, get_parser, parse, resuming
+from utils.parse_args import deepspeed_flags, finished_already, get_parser, parse, resuming
 from utils.schedule import lr_at, scaled_lr
 from utils.torch_utils import (
     Net,
@@ -50,24 +47,6 @@ FRAMEWORK = "deepspeed"
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "ds_config.json"
 
 
-def deepspeed_flags(parser):
-    deepspeed.add_config_arguments(parser)  # DeepSpeed's own --deepspeed_config
-    g = parser.add_argument_group("ZeRO")
-    g.add_argument("--zero-stage", type=int, choices=[0, 1, 2, 3], default=None,
-                   help="override zero_optimization.stage of the config (0: plain data parallel)")
-    g.add_argument("--offload", action="store_true",
-                   help="ZeRO-Offload: optimizer states and step on the CPU "
-                        "(stage 1-3; DeepSpeedCPUAdam, a JIT-built op)")
-    g.add_argument("--load-universal", action="store_true",
-                   help="--resume from a universal checkpoint (made by deepspeed.checkpoint."
-                        "ds_to_universal): one that any number of ranks can load")
-    # The deepspeed launcher adds --local_rank; the rank comes from the environment.
-    parser.add_argument("--local_rank", "--local-rank", type=int, default=-1,
-                        help=argparse.SUPPRESS)
-    parser.set_defaults(lr=1e-3)  # Adam's usual rate for one rank (the common default suits SGD)
-    return parser
-
-
 def train_epoch(engine, loaders, epoch, lr_of, env, args):
     engine.train()
     loss_sum, correct, seen = 0.0, 0, 0
@@ -80,9 +59,8 @@ def train_epoch(engine, loaders, epoch, lr_of, env, args):
         for x, y in micro_batches:
             output = engine(x)
             loss = F.nll_loss(output, y)
-            # [6] gradients averaged: engine.backward reduces them over ranks (ZeRO-2/3: each rank
-            #     keeps only its partition); engine.step updates at the end of the step's
-            #     micro-batches, then zeroes them.
+            # [6] gradients averaged: engine.backward reduces them over ranks (ZeRO-2/3: each keeps
+            #     its partition); engine.step updates after the step's micro-batches, then zeroes.
             engine.backward(loss)
             engine.step()
             loss_sum += loss.item() * len(y)
@@ -115,8 +93,7 @@ def main():
     env = course.export_rendezvous(course.discover())  # + MASTER_ADDR/PORT (loopback on one host)
     if not env.distributed:  # DeepSpeed wants a process group even for one process: a private one
         os.environ["MASTER_PORT"] = str(course.free_port())
-    # [2] Pin this rank to one device: accelerator number = local rank. On CPUs: its share of the
-    #     cores.
+    # [2] Pin this rank to one device: accelerator number = local rank (CPUs: a share of the cores)
     device = course.pick_device(args.device, env.local_rank)
     if device != "cpu":
         get_accelerator().set_device(torch.device(device).index)  # DeepSpeed's layer: cuda, xpu
@@ -131,16 +108,12 @@ def main():
                                timeout=timedelta(seconds=args.dist_timeout))
     env = replace(env, device=device, backend=backend, num_threads=num_threads)  # env, now complete
     log.configure(env.rank, env.local_rank, args.log_all_ranks)
-    # --log-dir, or a folder named by rank 0's clock (the same name on every rank)
-    log_dir = args.log_dir or course.broadcast_object(log.default_log_dir("deepspeed"))
-    run = log.RunLog(log_dir, env.is_main)
-    # The JSON file + the flags, checked (one line if not): it decides the micro-batch per rank
-    # and the micro-batches per step.
-    ds = ds_config.load(args, env.world_size, DEFAULT_CONFIG)
-    stage = ds.config["zero_optimization"].get("stage", 0)
+    log_dir = args.log_dir or course.broadcast_object(runfiles.default_log_dir("deepspeed"))
+    run = runfiles.RunLog(log_dir, env.is_main)
+    ds = ds_config.load(args, env.world_size, DEFAULT_CONFIG)  # the JSON file + the flags, checked
     log.info(f"{FRAMEWORK} {deepspeed.__version__}: {env.world_size} rank(s) via {env.launcher}, "
              f"device {env.device}, backend {env.backend}, {env.num_threads} thread(s) per rank, "
-             f"ZeRO stage {stage}{' + CPU offload' if args.offload else ''}")
+             f"ZeRO stage {ds.stage}{' + CPU offload' if args.offload else ''}")
 
     # --- model, optimizer and engine -------------------------------------------------------------
     torch.manual_seed(args.seed)
@@ -149,8 +122,7 @@ def main():
     lr = scaled_lr(args.lr, env.world_size * ds.grad_accum, not args.no_lr_scaling)
     opt_config = ds.config.setdefault("optimizer", {"type": "Adam", "params": {}})
     opt_config.setdefault("params", {})["lr"] = lr
-    # [5] The engine: broadcasts rank 0's weights, builds the config's optimizer (ZeRO: partitioned
-    #     over ranks).
+    # [5] The engine: broadcasts rank 0's weights, builds the config's optimizer (ZeRO: partitioned)
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                            config=ds.config)
     ds_checkpoint.use_safe_checkpoints(engine)  # [8] atomic writes, weights_only=True loads
@@ -163,13 +135,10 @@ def main():
         dtype = torch.bfloat16 if engine.bfloat16_enabled() else torch.half
         x_train, x_test = x_train.to(dtype), x_test.to(dtype)
     train_set, test_set = TensorDataset(x_train, y_train), TensorDataset(x_test, y_test)
-    # [3] Shard by *global* rank; --grad-accum A (from the config): a rank plays A ranks. The test
-    #     shards are padded to one length: at ZeRO-3 every forward gathers weights, a collective
-    #     all ranks must join.
+    # [3] Shard by *global* rank; --grad-accum A (the config's): a rank plays A ranks. Test shards
+    #     are padded to one length: at ZeRO-3 every forward gathers weights, with every rank.
     A = ds.grad_accum
-    if A > 1:
-        log.info(f"--grad-accum {A}: each step averages {A} micro-batches per rank: "
-                 f"an emulated world of {env.world_size * A}")
+    log.grad_accum(A, env.world_size)  # A > 1: says so
     loaders = [DataLoader(train_set, batch_size=ds.batch_size, drop_last=True,
                           sampler=DistributedSampler(train_set, num_replicas=env.world_size * A,
                                                      rank=env.rank * A + k, shuffle=True,
@@ -178,7 +147,7 @@ def main():
     test_loader = DataLoader(test_set, batch_size=args.test_batch_size, sampler=DistributedSampler(
         test_set, num_replicas=env.world_size, rank=env.rank, shuffle=False))
 
-    checkpoint = Path(args.checkpoint_dir or Path(log_dir) / "checkpoints")
+    checkpoint = runfiles.checkpoint_folder(args.checkpoint_dir, log_dir)
     first_epoch = 1
     if resuming(args):  # [8] every rank loads its own ZeRO partition of the optimizer state
         try:
@@ -190,11 +159,9 @@ def main():
         first_epoch = client_state["epoch"] + 1
         log.info(f"resumed from {loaded}: continuing at epoch {first_epoch}")
     run.keep_epochs_before(first_epoch)
-    # What the run trained with: the config's micro-batch and accumulation, not the flags'.
-    trained_with = {"batch_size": ds.batch_size, "grad_accum": ds.grad_accum,
-                    "deepspeed_config": ds.path}
-    run.write_config(args, env.as_dict(), FRAMEWORK,
-                     {"log_dir": log_dir, "scaled_lr": lr, "ds_config": ds.config, **trained_with})
+    run.write_config(args, env.as_dict(), FRAMEWORK,  # what it trained with: the config's batches
+                     {"log_dir": log_dir, "scaled_lr": lr, "ds_config": ds.config, "grad_accum": A,
+                      "batch_size": ds.batch_size, "deepspeed_config": ds.path})
 
     # --- train / evaluate ------------------------------------------------------------------------
     for epoch in range(first_epoch, args.epochs + 1):
@@ -216,16 +183,13 @@ def main():
         # [8] a collective: every rank writes its partition, then rank 0 points `latest` at the tag
         ds_checkpoint.save(engine, checkpoint, f"epoch{epoch}", {"epoch": epoch}, env.is_main)
 
-    # --- summary ---------------------------------------------------------------------------------
-    # ZeRO-3 keeps 1/N of every parameter on each rank: gather the full tensors for a moment.
+    # --- summary: ZeRO-3 keeps 1/N of every parameter on each rank: gathered for a moment -------
     gathered = deepspeed.zero.GatheredParameters(list(engine.module.parameters())) \
         if engine.zero_optimization_stage() == 3 else torch.no_grad()
     with gathered:
         checksums = course.gather_object(param_checksum(engine.module))  # identical on every rank
-        if args.save_model and env.is_main:
-            weights = engine.module.state_dict().items()
-            save_checkpoint(Path(log_dir) / "model.pt",
-                            {k: v.detach().float().cpu().clone() for k, v in weights})
+        if args.save_model and env.is_main:  # the whole model, in fp32
+            save_checkpoint(Path(log_dir) / "model.pt", ds_checkpoint.fp32_weights(engine))
     run.summary({"wall_time_s": time.perf_counter() - wall_start, "param_checksums": checksums,
                  "device": env.device, "world_size": env.world_size, "launcher": env.launcher,
                  "framework": FRAMEWORK})
@@ -233,4 +197,4 @@ def main():
 
 
 if __name__ == "__main__":
-    log.run_main(main)
+    failures.run_main(main)

@@ -389,6 +389,6 @@ def main():
 
 
 if __name__ == "__main__":
-    from utils import log
+    from utils import failures
 
-    log.run_main(main)
+    failures.run_main(main)

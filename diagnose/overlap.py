@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from utils import data, log
+from utils import data, failures, log, runfiles
 from utils import dist as course
 from utils.torch_utils import Net, to_tensors
 
@@ -314,7 +314,7 @@ def main():
     )
     log.info("\n".join(lines))
     if env.is_main and args.json:
-        log.write_json(
+        runfiles.write_json(
             args.json,
             dict(
                 world_size=n,
@@ -328,4 +328,4 @@ def main():
 
 
 if __name__ == "__main__":
-    log.run_main(main)
+    failures.run_main(main)

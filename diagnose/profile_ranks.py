@@ -8,7 +8,7 @@
 Everything before the lesson's path is this tool's; everything after it is the lesson's own flags.
 The lesson is not touched: before it runs, the calls that make up a step (the model's forward,
 backward, the optimizer's step; Horovod's synchronize; DeepSpeed's engine calls) are wrapped in
-torch.profiler record_function spans named phase:<name>, the same calls utils/tools/phases.py times,
+torch.profiler record_function spans named phase:<name>, the same calls tools/phases.py times,
 and the end of each optimizer step advances the profiler by one step (ProfilerStep#N in the trace).
 
 --slow-rank R --slow-ms MS makes one rank a straggler: it sleeps MS ms at the end of each step,
@@ -47,7 +47,7 @@ def world_size_from_env():
 
 
 class Spans:
-    """What utils/tools/phases.patch asks of a timer: wrap(phase, fn) and start_epoch(epoch). Each
+    """What tools/phases.patch asks of a timer: wrap(phase, fn) and start_epoch(epoch). Each
     wrapped call becomes a record_function span; the outermost optimizer call ends a step."""
 
     def __init__(self, prof, rank, slow_rank, slow_ms):
@@ -114,7 +114,7 @@ def profile(argv):
     if args.slow_ms < 0 or (args.slow_ms and args.slow_rank is None):
         p.error("--slow-ms needs a non-negative value and --slow-rank")
 
-    sys.path.append(str(ROOT / "utils" / "tools"))
+    sys.path.append(str(ROOT / "tools"))
     import phases  # the same calls, the same patching, as the phase timer
 
     framework = phases.framework_of(lesson_argv[0])

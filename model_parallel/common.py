@@ -12,10 +12,10 @@ from collections import Counter, OrderedDict
 import torch
 import torch.nn as nn
 from torch.distributed.pipelining import PipelineStage
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Shard
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from utils.log import fail
+from utils.errors import fail
 from utils.parse_args import get_parser, positive_int
 
 LAYERS = 4  # hidden layers fc1..fc4 (784 -> W, then W -> W), then the 10-way head
@@ -36,12 +36,27 @@ def mlp(width):
     return nn.Sequential(OrderedDict(layers + [("head", nn.Linear(width, 10))]))
 
 
-def parser(doc):
-    """The course's flags, plus --width; this MLP has no dropout."""
+def stage_layers(model, stage, stages):
+    """This stage's slice of the MLP, layer names kept: the first stage also flattens, the last has
+    the head."""
+    per = LAYERS // stages
+    names = [f"{kind}{i + 1}" for i in range(stage * per, (stage + 1) * per)
+             for kind in ("fc", "relu")]
+    names = (["flat"] if stage == 0 else []) + names + (["head"] if stage == stages - 1 else [])
+    return nn.Sequential(OrderedDict((name, getattr(model, name)) for name in names))
+
+
+def parser(doc, schedules=None):
+    """The course's flags, plus --width; this MLP has no dropout. schedules: the pipeline lesson's
+    --schedule choices, and its --micro-batches."""
     p = get_parser(doc)
     p.set_defaults(dropout=0.0)
     p.add_argument("--width", type=positive_int, default=1024,
                    help="width of the MLP's four hidden layers")
+    if schedules:
+        p.add_argument("--micro-batches", type=positive_int, default=4,
+                       help="micro-batches per batch (K)")
+        p.add_argument("--schedule", choices=schedules, default="1f1b", help="pipeline schedule")
     return p
 
 
@@ -70,6 +85,64 @@ def checksum(state):
     for name in sorted(state):
         h.update(state[name].detach().float().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()[:16]
+
+
+def tensor_parallel_size(args, world_size):
+    """tp = world size / --dp, checked before any process group: bad sizes fail at once on every
+    rank."""
+    if world_size % args.dp:
+        fail(f"--dp {args.dp} does not divide the {world_size} rank(s) into dp x tp")
+    tp = world_size // args.dp
+    if args.width % tp:
+        fail(f"{tp} tensor-parallel ranks do not divide the layer width {args.width} (--width): "
+             f"each rank must hold an equal slice")
+    return tp
+
+
+def check_pipeline(args, stages):
+    """Stages and micro-batches that fit, checked before any process group."""
+    k = args.micro_batches
+    if LAYERS % stages:
+        fail(f"the MLP's {LAYERS} hidden layers do not split into {stages} equal stages "
+             f"(one per rank): run 1, 2 or 4 ranks")
+    if args.batch_size % k:
+        fail(f"--micro-batches {k} does not divide --batch-size {args.batch_size} "
+             f"into equal micro-batches")
+    if args.schedule == "1f1b" and k < stages:
+        fail(f"--schedule 1f1b needs at least one micro-batch per stage: "
+             f"--micro-batches {k} < {stages} stages")
+
+
+def local(t):
+    """This rank's part of a tensor: a DTensor's local slice, a plain tensor as is."""
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def tensor_parallel_report(model, state, gather):
+    """What each rank holds: its slices' checksum (equal over dp), its parameter bytes, and the
+    elements of the split weights, per rank and in full (`gather`: a list of every rank's value)."""
+    split = [p for p in model.parameters()
+             if isinstance(p, DTensor) and isinstance(p.placements[-1], Shard)]
+    slices = {name: local(t) for name, t in model.state_dict().items()}
+    return {"param_checksums": gather(checksum(slices)),
+            "param_bytes_per_rank": gather(sum(local(p).nbytes for p in model.parameters())),
+            "param_bytes_full_model": sum(t.nbytes for t in state.values()),
+            "split_param_numel": {"full": sum(p.numel() for p in split),
+                                  "per_rank": gather(sum(local(p).numel() for p in split))}}
+
+
+def pipeline_report(part, stage, state, timing, stages, k, schedule, gather):
+    """What each stage holds and how long it idled: the measured idle fraction of the schedule's
+    steps against the bubble it predicts, (S - 1) / (K + S - 1)."""
+    nan = float("nan")
+    _, pipe_s, compute_s = (sum(column) for column in zip(*timing)) if timing else (0.0, nan, 0.0)
+    return {"param_bytes_per_rank": gather(sum(p.nbytes for p in part.parameters())),
+            "param_bytes_full_model": sum(t.nbytes for t in state.values()),
+            "pipeline": {"stages": stages, "micro_batches": k, "schedule": schedule,
+                         "idle_fraction": gather(1 - compute_s / pipe_s if stage else 0.0),
+                         "idle_fraction_theory": (stages - 1) / (k + stages - 1),
+                         "peak_micro_batches_in_flight": gather(
+                             getattr(stage, "peak_in_flight", 0))}}
 
 
 WIRE_OPS = ("all_reduce", "allreduce_", "all_gather_into_tensor", "reduce_scatter_tensor",

@@ -15,7 +15,6 @@ The numbered comments are the course's recipe: the same number marks the same st
 import statistics
 import sys
 import time
-from collections import OrderedDict
 from contextlib import nullcontext
 from dataclasses import replace
 from datetime import timedelta
@@ -25,36 +24,23 @@ from pathlib import Path
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # the repo root *after* site-packages
 import utils
 
-# Before the frameworks: a missing one is then one line that says how to get it, and the libraries'
-# lines that teach nothing are filtered (utils/quiet.py names each; COURSE_VERBOSE=1 shows them).
-utils.course_output()
+utils.course_output()  # course plumbing: a missing framework is one line; noise filtered
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
 from model_parallel import common  # the MLP, and the counters behind summary.json
-from utils import data, log
+from utils import data, failures, log, runfiles
 from utils import dist as course
-from utils.parse_args import parse, positive_int
+from utils.parse_args import parse
 from utils.torch_utils import save_checkpoint, steps_per_epoch, to_tensors
 
 FRAMEWORK = "pytorch-pipeline-parallel"
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
-
-
-def stage_layers(model, stage, stages):
-    """This stage's slice of the MLP, layer names kept: the first stage also flattens, the last has
-    the head."""
-    per = common.LAYERS // stages
-    names = [f"{kind}{i + 1}" for i in range(stage * per, (stage + 1) * per)
-             for kind in ("fc", "relu")]
-    names = (["flat"] if stage == 0 else []) + names + (["head"] if stage == stages - 1 else [])
-    return nn.Sequential(OrderedDict((name, getattr(model, name)) for name in names))
 
 
 def train_step(part, schedule, stage, x, y, k):
@@ -68,9 +54,8 @@ def train_step(part, schedule, stage, x, y, k):
             (losses[-1] / k).backward()
         return torch.cat(outputs), losses
     losses = []
-    # The first stage feeds the inputs and the last the labels; the schedule splits both into K
-    # micro-batches, and only the last stage computes the loss (scale_grads: each micro-batch's
-    # gradient counts 1/K).
+    # The first stage feeds the inputs, the last the labels; the schedule splits both into K
+    # micro-batches; the last stage computes the loss (scale_grads: each gradient counts 1/K)
     output = schedule.step(*([x] if stage.is_first else []), target=y if stage.is_last else None,
                            losses=losses)
     return output, losses
@@ -86,9 +71,8 @@ def train_epoch(part, schedule, stage, optimizer, loader, epoch, env, args, wire
         start, computed = time.perf_counter(), getattr(stage, "compute_s", 0.0)
         optimizer.zero_grad()
         with wire if step == 1 else nullcontext():  # counts what this rank sends during one step
-            # [6] No gradient averaging: each parameter lives on one stage only. The gradients of
-            #     the K micro-batches accumulate in place, each scaled by 1/K: the mean over the
-            #     whole batch.
+            # [6] No gradient averaging: each parameter lives on one stage only. The K micro-
+            #     batches' gradients accumulate in place, each scaled by 1/K: the batch's mean.
             output, losses = train_step(part, schedule, stage, x, y, args.micro_batches)
         pipe_s = time.perf_counter() - start  # the schedule's forward + backward, waits and sends
         optimizer.step()
@@ -125,27 +109,14 @@ def evaluate(part, loader, env, width):
 
 
 def main():
-    p = common.parser(__doc__)
-    p.add_argument("--micro-batches", type=positive_int, default=4,
-                   help="micro-batches per batch (K)")
-    p.add_argument("--schedule", choices=sorted(SCHEDULES), default="1f1b",
-                   help="pipeline schedule")
-    args = parse(p)
+    args = parse(common.parser(__doc__, schedules=sorted(SCHEDULES)))  # + --micro-batches
     common.check_shared_flags(args)
     wall_start = time.perf_counter()
 
     # [1] Who am I? Checked before any process group exists: bad sizes fail at once on every rank.
     env = course.export_rendezvous(course.discover())
     stages, k = env.world_size, args.micro_batches
-    if common.LAYERS % stages:
-        log.fail(f"the MLP's {common.LAYERS} hidden layers do not split into {stages} equal stages "
-                 f"(one per rank): run 1, 2 or 4 ranks")
-    if args.batch_size % k:
-        log.fail(f"--micro-batches {k} does not divide --batch-size {args.batch_size} "
-                 f"into equal micro-batches")
-    if args.schedule == "1f1b" and k < stages:
-        log.fail(f"--schedule 1f1b needs at least one micro-batch per stage: "
-                 f"--micro-batches {k} < {stages} stages")
+    common.check_pipeline(args, stages)  # layers split evenly, micro-batches that fit
     # [2] Pin the device to the local rank (GPU = local rank; on CPUs a share of the cores).
     device = course.pick_device(args.device, env.local_rank)
     if device != "cpu":  # one call for NVIDIA (cuda:N) and Intel (xpu:N): torch.cuda/xpu.set_device
@@ -160,8 +131,8 @@ def main():
                                 store=course.restart_store(env))
     env = replace(env, device=device, backend=backend, num_threads=num_threads)  # env, now complete
     log.configure(env.rank, env.local_rank, args.log_all_ranks)
-    log_dir = args.log_dir or course.broadcast_object(log.default_log_dir("pipeline-parallel"))
-    run = log.RunLog(log_dir, env.is_main)
+    log_dir = args.log_dir or course.broadcast_object(runfiles.default_log_dir("pipeline-parallel"))
+    run = runfiles.RunLog(log_dir, env.is_main)
     log.info(f"{FRAMEWORK}: {stages} stage(s) via {env.launcher}, {args.schedule}, "
              f"{k} micro-batches of {args.batch_size // k}, device {env.device}, "
              f"backend {env.backend}, {env.num_threads} thread(s)/rank")
@@ -179,16 +150,14 @@ def main():
 
     torch.manual_seed(args.seed)
     model = common.mlp(args.width).to(env.device)
-    # [5] Split the model: this rank keeps its stage's layers (all ranks built the same seeded
-    #     model, so the stages fit together as rank 0's would). Nothing to broadcast: each parameter
-    #     lives on one rank.
-    part = stage_layers(model, env.rank, stages)
+    # [5] Split the model: this rank keeps its stage's layers (all built the same seeded model, so
+    #     the stages fit together as rank 0's would). Nothing to broadcast: each lives on one rank.
+    part = common.stage_layers(model, env.rank, stages)
     stage = schedule = None
     if env.distributed:
         stage = common.TimedStage(part, env.rank, stages, torch.device(env.device))
         schedule = SCHEDULES[args.schedule](stage, k, loss_fn=F.cross_entropy)
-    # [4] The LR is not scaled: the pipeline takes one batch of --batch-size per step, like one
-    #     process (so --lr-warmup-epochs has nothing to ramp).
+    # [4] The LR is not scaled: one batch of --batch-size per step, like one process (no warmup)
     optimizer = torch.optim.SGD(part.parameters(), lr=args.lr, momentum=args.momentum)
     run.write_config(args, env.as_dict(), FRAMEWORK, {"log_dir": log_dir, "scaled_lr": args.lr})
 
@@ -213,26 +182,17 @@ def main():
         state.update(part_state)
     if args.save_model and env.is_main:  # [8] one writer: rank 0 saves the gathered full weights
         save_checkpoint(Path(log_dir) / "model.pt", state)
-    nan = float("nan")
-    _, pipe_s, compute_s = (sum(column) for column in zip(*timing)) if timing else (0.0, nan, 0.0)
-    step_s = statistics.median(t[0] for t in timing) if timing else nan
+    step_s = statistics.median(t[0] for t in timing) if timing else float("nan")
     run.summary({
         "wall_time_s": time.perf_counter() - wall_start, "weights_checksum": common.checksum(state),
-        "param_bytes_per_rank": course.gather_object(sum(p.nbytes for p in part.parameters())),
-        "param_bytes_full_model": sum(t.nbytes for t in state.values()),
+        **common.pipeline_report(part, stage, state, timing, stages, k, args.schedule,
+                                 course.gather_object),
         "wire_bytes_per_step": course.gather_object(wire.per_step()),
         "step_time_s": course.all_max(step_s, env),
-        "pipeline": {"stages": stages, "micro_batches": k, "schedule": args.schedule,
-                     # measured, and what the schedule's bubble predicts
-                     "idle_fraction": course.gather_object(
-                         1 - compute_s / pipe_s if stage else 0.0),
-                     "idle_fraction_theory": (stages - 1) / (k + stages - 1),
-                     "peak_micro_batches_in_flight": course.gather_object(
-                         getattr(stage, "peak_in_flight", 0))},
         "device": env.device, "world_size": env.world_size, "launcher": env.launcher,
         "framework": FRAMEWORK})
     course.shutdown()
 
 
 if __name__ == "__main__":
-    log.run_main(main)
+    failures.run_main(main)

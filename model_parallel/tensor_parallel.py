@@ -23,21 +23,18 @@ from pathlib import Path
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # the repo root *after* site-packages
 import utils
 
-# Before the frameworks: a missing one is then one line that says how to get it, and the libraries'
-# lines that teach nothing are filtered (utils/quiet.py names each; COURSE_VERBOSE=1 shows them).
-utils.course_output()
+utils.course_output()  # course plumbing: a missing framework is one line; noise filtered
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import DTensor, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
 from model_parallel import common  # the MLP, and the counters behind summary.json
-from utils import data, log
+from utils import data, failures, log, runfiles
 from utils import dist as course
 from utils.parse_args import parse, positive_int
 from utils.schedule import lr_at, scaled_lr
@@ -49,10 +46,6 @@ FRAMEWORK = "pytorch-tensor-parallel"
 # (width -> 10) stays whole.
 PLAN = {"fc1": ColwiseParallel(), "fc2": RowwiseParallel(),
         "fc3": ColwiseParallel(), "fc4": RowwiseParallel()}
-
-
-def local(t):
-    return t.to_local() if isinstance(t, DTensor) else t
 
 
 def train_epoch(model, optimizer, loader, mesh, epoch, lr_of, env, args, wire, step_times):
@@ -74,8 +67,8 @@ def train_epoch(model, optimizer, loader, mesh, epoch, lr_of, env, args, wire, s
                 #     the "dp" group (a tensor-parallel rank holds its slice's only gradient:
                 #     nothing to average over "tp").
                 for p in model.parameters():
-                    dist.all_reduce(local(p.grad), group=mesh.get_group("dp"))
-                    local(p.grad).div_(args.dp)
+                    dist.all_reduce(common.local(p.grad), group=mesh.get_group("dp"))
+                    common.local(p.grad).div_(args.dp)
         optimizer.step()
         step_times.append(time.perf_counter() - start)
         loss_sum += loss.item() * len(y)
@@ -109,13 +102,7 @@ def main():
 
     # [1] Who am I? Checked before any process group exists: bad sizes fail at once on every rank.
     env = course.export_rendezvous(course.discover())
-    if env.world_size % args.dp:
-        log.fail(f"--dp {args.dp} does not divide the {env.world_size} rank(s) into dp x tp")
-    tp = env.world_size // args.dp
-    if args.width % tp:
-        log.fail(f"{tp} tensor-parallel ranks do not divide the layer width {args.width} "
-                 f"(--width): "
-                 f"each rank must hold an equal slice")
+    tp = common.tensor_parallel_size(args, env.world_size)  # world size / --dp, and it must fit
     # [2] Pin the device to the local rank (GPU = local rank; on CPUs a share of the cores).
     device = course.pick_device(args.device, env.local_rank)
     if device != "cpu":  # one call for NVIDIA (cuda:N) and Intel (xpu:N): torch.cuda/xpu.set_device
@@ -134,8 +121,8 @@ def main():
     env = replace(env, device=device, backend=backend, num_threads=num_threads)  # env, now complete
     dp_rank = mesh.get_local_rank("dp") if mesh else 0
     log.configure(env.rank, env.local_rank, args.log_all_ranks)
-    log_dir = args.log_dir or course.broadcast_object(log.default_log_dir("tensor-parallel"))
-    run = log.RunLog(log_dir, env.is_main)
+    log_dir = args.log_dir or course.broadcast_object(runfiles.default_log_dir("tensor-parallel"))
+    run = runfiles.RunLog(log_dir, env.is_main)
     log.info(f"{FRAMEWORK}: {env.world_size} rank(s) via {env.launcher} = {args.dp} dp x {tp} tp, "
              f"device {env.device}, backend {env.backend}, {env.num_threads} thread(s) per rank")
 
@@ -194,18 +181,9 @@ def main():
     state = {name: common.full_tensor(t) for name, t in model.state_dict().items()}
     if args.save_model and env.is_main:  # [8] one writer: rank 0 saves the gathered full weights
         save_checkpoint(Path(log_dir) / "model.pt", {name: t.cpu() for name, t in state.items()})
-    split = [p for p in model.parameters()
-             if isinstance(p, DTensor) and isinstance(p.placements[-1], Shard)]
-    slices = {name: local(t) for name, t in model.state_dict().items()}  # equal over dp
     run.summary({
         "wall_time_s": time.perf_counter() - wall_start, "weights_checksum": common.checksum(state),
-        "param_checksums": course.gather_object(common.checksum(slices)),
-        "param_bytes_per_rank": course.gather_object(
-            sum(local(p).nbytes for p in model.parameters())),
-        "param_bytes_full_model": sum(t.nbytes for t in state.values()),
-        "split_param_numel": {"full": sum(p.numel() for p in split),
-                              "per_rank": course.gather_object(
-                                  sum(local(p).numel() for p in split))},
+        **common.tensor_parallel_report(model, state, course.gather_object),
         "wire_bytes_per_step": wire.per_step(),
         "step_time_s": course.all_max(statistics.median(step_times), env),
         "dp": args.dp, "tp": tp, "width": args.width, "batch_size": args.batch_size,
@@ -215,4 +193,4 @@ def main():
 
 
 if __name__ == "__main__":
-    log.run_main(main)
+    failures.run_main(main)

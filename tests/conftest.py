@@ -1,10 +1,12 @@
-"""pytest's own hooks only. The helpers the tests share live in tests/support.py (run, check, the launchers)."""
+"""pytest's hooks and the fixtures tests share (a test names a fixture as an argument; nothing imports it). The
+helpers live in tests/support.py (run, check, the launchers, the failure tests' helpers)."""
 import sys
 from pathlib import Path
 
 import pytest
 
 sys.path.append(str(Path(__file__).resolve().parent))  # `import support` works from any working directory
+from support import check, made_once, quick, run, write_idx_set
 
 
 @pytest.fixture(autouse=True)
@@ -33,3 +35,18 @@ def no_stopped_process_left_behind():
     for proc in left:
         proc.kill()
     assert not left, f"stopped processes left behind: {[' '.join(p.info['cmdline'])[:200] for p in left]}"
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """256 training / 64 test digits: 8 steps of 32 per epoch on one rank, 4 on two."""
+    return write_idx_set(tmp_path_factory.mktemp("tiny"), 256, 64)
+
+
+@pytest.fixture(scope="module")
+def straight_run(tmp_path_factory, tiny):
+    """The uninterrupted run of an example (run once per module, shared by the tests below)."""
+    def make(script, log_dir):
+        check(run(quick(script, log_dir, "--data-dir", tiny), timeout=240))
+        return log_dir
+    return made_once(tmp_path_factory, make)

@@ -1,4 +1,4 @@
-"""utils/tools/bench.py and its modules: the efficiency arithmetic on fixed inputs, the overhead's turn-taking
+"""tools/bench.py and its modules: the efficiency arithmetic on fixed inputs, the overhead's turn-taking
 with real processes, the commands it starts (recorded), and the quick mode end to end."""
 import json
 import sys
@@ -7,7 +7,7 @@ import pytest
 
 from support import DDP, DS, HVD_TORCH, ROOT, check, python, run
 
-sys.path.append(str(ROOT / "utils" / "tools"))  # the tools import each other by name, as when run as programs
+sys.path.append(str(ROOT / "tools"))  # the tools import each other by name, as when run as programs
 import bench
 import bench_cpu
 import bench_overhead
@@ -53,7 +53,7 @@ sys.exit(int(sys.argv[4]))
 
 
 def taker(name, log, code=0):
-    return [sys.executable, "-c", TAKER, name, log, ROOT / "utils" / "tools", code]
+    return [sys.executable, "-c", TAKER, name, log, ROOT / "tools", code]
 
 
 def test_two_real_processes_take_turns_step_by_step(tmp_path):
@@ -135,7 +135,7 @@ def test_the_ranks_are_found_by_script_and_log_dir_not_the_launcher(tmp_path):
 @pytest.mark.long  # `make test-all`; not in `make test` (CI's time)
 def test_quick_mode_emits_every_field(tmp_path):
     out = tmp_path / "latest.json"
-    check(run(python("utils/tools/bench.py", "--quick", "--out", out), timeout=900))
+    check(run(python("tools/bench.py", "--quick", "--out", out), timeout=900))
     report = json.loads(out.read_text())
     assert report["repeat"] == 1 and len(report["rounds"]) == 1
     assert {r["example"] for r in report["examples"]} == set(bench_runs.BENCHED)
@@ -188,7 +188,7 @@ def test_every_round_is_measured_in_full(tmp_path):
     round 1's log folders, and its 2-rank CPU samples went missing), and the report takes medians over both.
     With --versus, each round also measures the example with the other flags, and its overhead too."""
     out = tmp_path / "latest.json"
-    result = check(run(python("utils/tools/bench.py", "--quick", "--repeat", "2", "--only", "ddp", "--versus=--seed 3",
+    result = check(run(python("tools/bench.py", "--quick", "--repeat", "2", "--only", "ddp", "--versus=--seed 3",
                               "--out", out), timeout=600))
     assert "; ddp with no flags, against --seed 3" in result.stdout, result.stdout
     report = json.loads(out.read_text())
@@ -212,15 +212,15 @@ def test_flags_for_one_example_reach_its_real_runs(tmp_path):
     """End to end: a data dir that does not exist, given to `--only ddp`, must make the example's first run fail
     with the example's own one-line error (the ceiling's runs, which start first, do not get it)."""
     missing = tmp_path / "no-such-dir"
-    result = run(python("utils/tools/bench.py", "--quick", "--only", "ddp", "--data-dir", missing), timeout=180)
+    result = run(python("tools/bench.py", "--quick", "--only", "ddp", "--data-dir", missing), timeout=180)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "bench: ddp 1 rank failed" in result.stderr and f"--data-dir {missing}: no such directory" in result.stderr
 
 
 def test_an_unknown_flag_is_refused_unless_it_goes_to_one_examples_overhead():
-    result = run(python("utils/tools/bench.py", "--quick", "--zero-stage", "0"), timeout=60)
+    result = run(python("tools/bench.py", "--quick", "--zero-stage", "0"), timeout=60)
     assert result.returncode == 2 and "unrecognized arguments: --zero-stage 0" in result.stderr, result.stderr
-    result = run(python("utils/tools/bench.py", "--part-steps", "0"), timeout=60)
+    result = run(python("tools/bench.py", "--part-steps", "0"), timeout=60)
     assert result.returncode == 2 and "and --part-steps must be at least 1" in result.stderr, result.stderr
 
 
@@ -260,11 +260,11 @@ def test_example_flags_reach_every_run_of_that_example_and_no_other(tmp_path, re
     assert bench_overhead.measure_overhead("horovod-pytorch", args) == pytest.approx([0.01, 0.01])  # 2 pairs
     example = [c for c in commands if HVD_TORCH in " ".join(c)]
     ceiling = [c for c in commands if c[1].endswith(DDP)]
-    bare = [c for c in commands if c[1].endswith("utils/tools/bare_loop.py")]
+    bare = [c for c in commands if c[1].endswith("tools/bare_loop.py")]
     assert len(example) == 6 and len(ceiling) == 2 and len(bare) == 2 and len(commands) == 10, commands
     assert all(c[-2:] == ["--seed", "7"] for c in example), example
     assert not any("--seed" in c for c in ceiling + bare), ceiling + bare
-    overhead = [c for c in example if c[1].endswith("utils/tools/phases.py")]  # the example unchanged under phases.py
+    overhead = [c for c in example if c[1].endswith("tools/phases.py")]  # the example unchanged under phases.py
     assert len(overhead) == 2 and all(c[2].endswith(HVD_TORCH) for c in overhead), overhead
     assert recorded_launches.turns == [["example", "bare"], ["bare", "example"]]  # who starts alternates
 
@@ -319,7 +319,7 @@ def test_versus_runs_the_example_with_the_other_flags_taking_turns(tmp_path, rec
         assert row["efficiency_versus"] == pytest.approx(80 / (2 * 80))
     assert orders == [2, 0]  # round 1: the bench's flags first; round 2: the versus flags first
     assert bench_overhead.measure_overhead("deepspeed", args, args.versus_args) == pytest.approx([0.01, 0.01])
-    overhead = [c for c in commands if c[1].endswith("utils/tools/phases.py")]
+    overhead = [c for c in commands if c[1].endswith("tools/phases.py")]
     assert overhead and all(c[-2:] == ["--zero-stage", "0"] and c[2].endswith(DS) for c in overhead)
 
 
@@ -337,10 +337,10 @@ def test_versus_needs_one_example_and_not_the_flags_the_bench_sets(capsys):
 
 
 def test_no_tool_imports_a_lesson_or_builds_its_own_launch_command():
-    """Tools run the examples as programs, and only utils/tools/launch.py knows launchers: no other tool (the
+    """Tools run the examples as programs, and only tools/launch.py knows launchers: no other tool (the
     course's tools and the diagnosis chapter's) names a main.py module, a launcher's flags or a port of its own."""
-    sources = [*(ROOT / "utils" / "tools").glob("*.py"), *(ROOT / "diagnose").glob("*.py")]
-    assert ROOT / "utils" / "tools" / "launch.py" in sources
+    sources = [*(ROOT / "tools").glob("*.py"), *(ROOT / "diagnose").glob("*.py")]
+    assert ROOT / "tools" / "launch.py" in sources
     for source in sources:
         if source.name == "launch.py":  # the one place
             continue

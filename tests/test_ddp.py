@@ -2,7 +2,6 @@
 import pytest
 import torch
 
-from failures_support import run_rows
 from support import (
     DDP,
     assert_each_rank_refused,
@@ -13,6 +12,7 @@ from support import (
     mpiexec,
     python,
     run,
+    run_rows,
     summary,
     torchrun,
 )

@@ -33,8 +33,8 @@ from support import (
 )
 
 sys.path.append(str(ROOT))
+from tools import launch
 from utils import dist as course
-from utils.tools import launch
 
 SHORT = ["--epochs", "1", "--max-steps", "8", "--num-threads", "1"]
 

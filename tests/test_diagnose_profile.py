@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from support import DDP, ROOT, check, error_lines, run
-from utils.tools.launch import launch_command
+from tools.launch import launch_command
 
 sys.path.append(str(ROOT / "diagnose"))
 import trace_summary

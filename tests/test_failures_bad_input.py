@@ -6,20 +6,23 @@ import sys
 import pytest
 import torch
 
-from failures_support import (
+from support import (
     DDP,
     DS,
+    HVD_KERAS,
     HVD_TF,
     HVD_TORCH,
     RESUMABLE,
     SCRIPTS,
     assert_log_dir_sound,
-    checked,
+    check,
+    error_lines,
+    mpiexec,
+    python,
+    run,
     run_rows,
-    tiny,  # noqa: F401  (fixtures)
     write_idx_set,
 )
-from support import error_lines, mpiexec, python, run
 
 BAD_FLAGS = [  # (flag and value, words the error line must contain): every common flag of utils/parse_args.py
     (["--epochs", "0"], "--epochs"), (["--batch-size", "-1"], "--batch-size"),
@@ -40,8 +43,10 @@ BAD_FLAGS = [  # (flag and value, words the error line must contain): every comm
 def test_every_common_flag_with_a_bad_value_is_one_line_and_exit_2(tmp_path, tiny, script):
     # The valid flags come first: a bad value after them wins, and if it were accepted the run would be short.
     prefix = ["--epochs", "1", "--max-steps", "1", "--data-dir", str(tiny), "--log-dir", str(tmp_path / "log")]
-    outcomes = run_rows(script, [prefix + flags for flags, _ in BAD_FLAGS])
-    for (flags, words), outcome in zip(BAD_FLAGS, outcomes):
+    # Horovod picks its own controller and collectives: it has no --backend, and refuses one
+    table = BAD_FLAGS + ([(["--backend", "gloo"], "--backend")] if script in (HVD_TORCH, HVD_TF, HVD_KERAS) else [])
+    outcomes = run_rows(script, [prefix + flags for flags, _ in table])
+    for (flags, words), outcome in zip(table, outcomes):
         errors = error_lines(outcome["stderr"])
         assert outcome["code"] == 2, (flags, outcome)
         assert len(errors) == 1 and words in errors[0], (flags, outcome["stderr"])
@@ -129,7 +134,7 @@ def torch_checkpoints(folder):
 
 def framework_checkpoint(script, log_dir, tiny):
     """One epoch of one step, to get that framework's own checkpoint files."""
-    checked(run(python(script, "--epochs", "1", "--max-steps", "1", "--num-threads", "1", "--data-dir", tiny,
+    check(run(python(script, "--epochs", "1", "--max-steps", "1", "--num-threads", "1", "--data-dir", tiny,
                        "--log-dir", log_dir), timeout=180))
     return log_dir
 
@@ -191,7 +196,7 @@ def other_model_checkpoint(script, good, log_dir):
                 "c = tf.train.Checkpoint(model=m, optimizer=o, epoch=tf.Variable(1, dtype=tf.int64)); "
                 "tf.train.CheckpointManager(c, sys.argv[1], max_to_keep=2).save()")
         shutil.rmtree(log_dir / "checkpoints")
-        checked(run([sys.executable, "-c", code, log_dir / "checkpoints"], timeout=120))
+        check(run([sys.executable, "-c", code, log_dir / "checkpoints"], timeout=120))
     return log_dir
 
 

@@ -14,8 +14,7 @@ import time
 
 import pytest
 
-from failures_support import DDP, DS, tiny  # noqa: F401  (tiny: a fixture)
-from support import BIN, ROOT, kill_tree, python, run, torchrun
+from support import BIN, DDP, DS, ROOT, kill_tree, python, run, torchrun
 
 DIAGNOSE_DEADLINE_S = 60
 HOOKS = str(ROOT / "tests" / "hooks")

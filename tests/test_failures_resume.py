@@ -4,21 +4,25 @@ import signal
 import pytest
 import torch
 
-from failures_support import (  # noqa: F401  (fixtures)
+from support import (
     DDP,
     DS,
     HVD_TF,
     HVD_TORCH,
     SCRIPTS,
     assert_log_dir_sound,
-    checked,
+    check,
+    error_lines,
+    launch_command,
+    metrics,
+    python,
     quick,
     remove_the_half_written_file,
-    straight_run,
-    tiny,
+    run,
+    summary,
+    torchrun,
     without_timing,
 )
-from support import error_lines, launch_command, metrics, python, run, summary, torchrun
 
 LONG = pytest.mark.long  # `make test-all`; not in `make test` (CI's time): the whole-run comparisons
 
@@ -30,7 +34,7 @@ def test_same_command_twice_gives_identical_metrics(tmp_path, tiny, straight_run
     generator seeded by seed + epoch), dropout masks (reseeded per epoch and rank), the tf.data shuffle seed
     (Keras API), and --num-threads 1 (see above). Timing fields excluded."""
     first = straight_run(script)
-    checked(run(quick(script, tmp_path, "--data-dir", tiny), timeout=240))
+    check(run(quick(script, tmp_path, "--data-dir", tiny), timeout=240))
     assert without_timing(metrics(tmp_path)) == without_timing(metrics(first))
     assert summary(tmp_path)["param_checksums"] == summary(first)["param_checksums"]
 
@@ -66,7 +70,7 @@ def test_killed_run_resumes_to_the_uninterrupted_result(tmp_path, tiny, straight
     if "COURSE_DIE_ON_FILE" in fault:
         assert "COURSE_DIE_ON_FILE: killed" in killed.stdout
         assert 'model_checkpoint_path: "ckpt-1"' in (checkpoints / "checkpoint").read_text()
-    resumed = checked(run(quick(script, tmp_path, "--data-dir", tiny, "--resume"), timeout=240))
+    resumed = check(run(quick(script, tmp_path, "--data-dir", tiny, "--resume"), timeout=240))
     assert "continuing at epoch 2" in resumed.stdout
     reference = straight_run(script)
     assert without_timing(metrics(tmp_path)) == without_timing(metrics(reference))
@@ -80,10 +84,10 @@ def test_torchrun_elastic_restart_resumes_from_the_checkpoint(tmp_path, tiny):
     """--max-restarts 1, rank 1 exits at epoch 2 step 3 once: torchrun restarts both workers, which pick up
     epoch 1's checkpoint by themselves (--resume auto) and end exactly where an uninterrupted run ends."""
     flags = ["--epochs", "3", "--batch-size", "32", "--num-threads", "1", "--seed", "7", "--data-dir", tiny]
-    checked(run(torchrun(2, DDP, *flags, "--log-dir", tmp_path / "straight"), timeout=240))
+    check(run(torchrun(2, DDP, *flags, "--log-dir", tmp_path / "straight"), timeout=240))
     elastic = launch_command(DDP, 2, "torchrun", [*flags, "--resume", "auto", "--log-dir", tmp_path / "elastic"],
                              launcher_flags=["--max-restarts", "1"])
-    result = checked(run(elastic, timeout=300, env={"COURSE_FAIL_AT": "1:2:3"}))
+    result = check(run(elastic, timeout=300, env={"COURSE_FAIL_AT": "1:2:3"}))
     output = result.stdout + result.stderr
     assert "COURSE_FAIL_AT: rank 1 stops at epoch 2 step 3" in output
     assert "continuing at epoch 2" in result.stdout  # the restarted workers found epoch 1's checkpoint
@@ -93,7 +97,7 @@ def test_torchrun_elastic_restart_resumes_from_the_checkpoint(tmp_path, tiny):
 
 def test_resume_auto_without_a_checkpoint_says_so_and_plain_resume_refuses_leaving_nothing(tmp_path, tiny):
     flags = ["--epochs", "1", "--max-steps", "1", "--data-dir", tiny, "--num-threads", "1"]
-    auto = checked(run(python(DDP, *flags, "--resume", "auto", "--log-dir", tmp_path / "auto"), timeout=120))
+    auto = check(run(python(DDP, *flags, "--resume", "auto", "--log-dir", tmp_path / "auto"), timeout=120))
     assert [m["epoch"] for m in metrics(tmp_path / "auto")] == [1]
     said = [line for line in auto.stdout.splitlines() if "no checkpoint in" in line]  # not silently
     assert said == [f"--resume auto: no checkpoint in {tmp_path / 'auto' / 'checkpoints'}: starting at epoch 1"]

@@ -14,17 +14,23 @@ import sys
 
 import pytest
 
-from failures_support import (  # noqa: F401  (tiny: a fixture)
+from support import (
     DDP,
     DS,
     HVD_TF,
     HVD_TORCH,
+    assert_each_rank_refused,
     assert_log_dir_sound,
-    checked,
-    tiny,
+    check,
+    error_lines,
+    horovodrun,
+    metrics,
+    python,
+    run,
+    summary,
+    torchrun,
     without_timing,
 )
-from support import assert_each_rank_refused, error_lines, horovodrun, metrics, python, run, summary, torchrun
 
 FLAGS = ["--batch-size", "16", "--num-threads", "1", "--seed", "7", "--log-interval", "100"]
 
@@ -40,7 +46,7 @@ def written_at_2(request, tmp_path_factory, tiny):
     """One epoch at 2 ranks, with its checkpoint: shared by the resumes at 1 and 4 ranks."""
     script, launcher = request.param
     log_dir = tmp_path_factory.mktemp("world2")
-    checked(
+    check(
         run(
             launcher(2, script, *FLAGS, "--epochs", "1", "--data-dir", tiny, "--log-dir", log_dir),
             timeout=300,
@@ -58,7 +64,7 @@ def test_a_checkpoint_of_2_ranks_continues_at_another_world_size(tmp_path, tiny,
 def test_a_tensorflow_checkpoint_of_2_ranks_continues_at_1_rank(tmp_path, tiny):
     """Horovod TensorFlow's tf.train.Checkpoint holds the whole model and optimizer once, as well."""
     written = tmp_path / "written"
-    checked(run(horovodrun(2, HVD_TF, *FLAGS, "--epochs", "1", "--data-dir", tiny, "--log-dir", written),
+    check(run(horovodrun(2, HVD_TF, *FLAGS, "--epochs", "1", "--data-dir", tiny, "--log-dir", written),
                 timeout=300))
     assert_continues(HVD_TF, horovodrun, written, 1, tmp_path / "log", tiny)
 
@@ -66,7 +72,7 @@ def test_a_tensorflow_checkpoint_of_2_ranks_continues_at_1_rank(tmp_path, tiny):
 def assert_continues(script, launcher, written, ranks, log_dir, tiny):
     shutil.copytree(written, log_dir)
     flags = [*FLAGS, "--epochs", "2", "--resume", "--data-dir", tiny, "--log-dir", log_dir]
-    result = checked(run(launcher(ranks, script, *flags), timeout=300))
+    result = check(run(launcher(ranks, script, *flags), timeout=300))
     assert "continuing at epoch 2" in result.stdout
     history = metrics(log_dir)
     assert [m["epoch"] for m in history] == [1, 2]
@@ -82,7 +88,7 @@ def zero_at_2(request, tmp_path_factory, tiny):
     is the same code in DeepSpeed) or 3: each rank's checkpoint files hold its own slice of the Adam
     state (stage 3: of the parameters too)."""
     log_dir = tmp_path_factory.mktemp(f"zero{request.param}")
-    checked(run(torchrun(2, DS, *FLAGS, "--zero-stage", request.param, "--epochs", "1", "--data-dir",
+    check(run(torchrun(2, DS, *FLAGS, "--zero-stage", request.param, "--epochs", "1", "--data-dir",
                          tiny, "--log-dir", log_dir), timeout=300))
     return request.param, log_dir
 
@@ -111,18 +117,18 @@ def test_a_zero_checkpoint_continues_at_another_world_size_after_the_conversion_
                      r"--output_folder (\S+), then add --checkpoint-dir (\S+) --load-universal", errors[0])
     assert said, errors[0]
     module, source, target, universal = said.groups()
-    checked(run([sys.executable, "-m", module, "--input_folder", source, "--output_folder", target],
+    check(run([sys.executable, "-m", module, "--input_folder", source, "--output_folder", target],
                 timeout=300))
 
     if stage == 3:
         original = tmp_path / "original"  # the same world, from the checkpoint as written
         shutil.copytree(written, original)
-        checked(resume(2, original))
+        check(resume(2, original))
     for ranks in (1, 2, 4) if stage == 3 else (1,):
         log_dir = tmp_path / f"at{ranks}"
         shutil.copytree(written, log_dir, ignore=shutil.ignore_patterns("checkpoints"))
         shutil.copytree(universal, log_dir / "universal")  # each run saves its epoch 2 beside it
-        result = checked(resume(ranks, log_dir, "--checkpoint-dir", log_dir / "universal",
+        result = check(resume(ranks, log_dir, "--checkpoint-dir", log_dir / "universal",
                                 "--load-universal"))
         assert "continuing at epoch 2" in result.stdout
         history = metrics(log_dir)
@@ -145,7 +151,7 @@ def test_an_fsdp2_checkpoint_of_2_ranks_loads_whole_at_1_and_4_ranks(tmp_path):
     def fsdp(ranks, folder, *extra):
         flags = ["--hidden", "128", "--steps", "2", "--checkpoint-dir", folder, "--json",
                  folder / "result.json", *extra]
-        return checked(run(torchrun(ranks, FSDP, *flags) if ranks > 1 else python(FSDP, *flags),
+        return check(run(torchrun(ranks, FSDP, *flags) if ranks > 1 else python(FSDP, *flags),
                            timeout=300))
 
     fsdp(2, tmp_path / "at2")

@@ -1,4 +1,4 @@
-"""utils/tools/figures.py (with figures_plots.py, figures_runs.py) and the course notes: plots draw the right
+"""tools/figures.py (with figures_plots.py, figures_runs.py) and the course notes: plots draw the right
 data, the grad-accum emulation equals a real larger world, the README's figure commands run, and every README
 image exists and every figure is used."""
 import json
@@ -11,7 +11,7 @@ import torch
 
 from support import DDP, HVD_TORCH, ROOT, check, metrics, python, run, torchrun
 
-sys.path.append(str(ROOT / "utils" / "tools"))  # the tools import each other by name, as when run as programs
+sys.path.append(str(ROOT / "tools"))  # the tools import each other by name, as when run as programs
 import figures
 import figures_plots
 import figures_runs
@@ -132,9 +132,9 @@ EXPECTED = ["diagram_parallelism", "diagram_allreduce", "scaling_speedup", "scal
 
 @pytest.mark.long  # `make test-all`; not in `make test` (CI's time)
 def test_make_figures_runs_quick_then_replots(tmp_path):
-    """`python utils/tools/figures.py` (what `make figures` calls) end to end, then `--replot` from its logs."""
+    """`python tools/figures.py` (what `make figures` calls) end to end, then `--replot` from its logs."""
     out, runs = tmp_path / "assets", tmp_path / "runs"
-    result = check(run(python("utils/tools/figures.py", *QUICK, "--out", out, "--runs-dir", runs), timeout=400))
+    result = check(run(python("tools/figures.py", *QUICK, "--out", out, "--runs-dir", runs), timeout=400))
     assert sorted(p.stem for p in out.glob("*.png")) == sorted(EXPECTED)
     assert "efficiency at 2 ranks by batch per rank: 32:" in result.stdout
     assert re.search(r"4 workers: no warmup \d\.\d+ .*warmup 1 epochs .*warmup \+ clip 1 ", result.stdout)
@@ -143,12 +143,12 @@ def test_make_figures_runs_quick_then_replots(tmp_path):
     assert json.loads((runs / "lr" / "w4-warmup-clip-1" / "config.json").read_text())["clip_grad_norm"] == 1.0
     for png in out.glob("*.png"):
         png.unlink()
-    check(run(python("utils/tools/figures.py", *QUICK, "--out", out, "--runs-dir", runs, "--replot"), timeout=120))
+    check(run(python("tools/figures.py", *QUICK, "--out", out, "--runs-dir", runs, "--replot"), timeout=120))
     assert sorted(p.stem for p in out.glob("*.png")) == sorted(EXPECTED)
 
 
 def test_makefile_figures_target_calls_the_script():
-    assert re.search(r"^figures:.*\n\t@?\$\(PY\) utils/tools/figures\.py", (ROOT / "Makefile").read_text(), re.M)
+    assert re.search(r"^figures:.*\n\t@?\$\(PY\) tools/figures\.py", (ROOT / "Makefile").read_text(), re.M)
 
 
 NOTES = ["README.md", "DDP/README.md", "DDP/large-batches.md", "horovod/pytorch/README.md"]
@@ -185,7 +185,7 @@ def test_readme_commands_name_real_flags():
                 continue
             script, flags = words[scripts[0]], words[scripts[0] + 1:]
             assert (ROOT / script).exists(), line
-            if script == "utils/tools/figures.py":
+            if script == "tools/figures.py":
                 figures.get_parser().parse_args(flags)
                 checked += 1
             elif script in (DDP, HVD_TORCH):

@@ -3,7 +3,6 @@ the same arithmetic on the unsplit model (the lessons' own --save-model files: t
 import pytest
 import torch
 
-from failures_support import run_rows
 from support import (
     PP,
     TP,
@@ -14,6 +13,7 @@ from support import (
     metrics,
     python,
     run,
+    run_rows,
     summary,
     torchrun,
 )

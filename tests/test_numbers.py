@@ -1,7 +1,7 @@
 """The notes' accuracies agree with each other: every final accuracy a page shows for a course-path command (its
 opening excerpt, the demo table on the front page) lies inside the range the course path quotes for that step,
 and passes the step's criterion. A page rerun on another CPU must land in the range, or the range is remeasured
-(`python utils/tools/ranges.py`)."""
+(`python tools/ranges.py`)."""
 import re
 
 import pytest

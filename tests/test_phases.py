@@ -1,4 +1,4 @@
-"""utils/tools/phases.py (an example's own step timed phase by phase) and `bench.py --phases`."""
+"""tools/phases.py (an example's own step timed phase by phase) and `bench.py --phases`."""
 import json
 import os
 import sys
@@ -7,7 +7,7 @@ import pytest
 
 from support import DDP, DS, HVD_TF, ROOT, check, metrics, python, run
 
-sys.path.append(str(ROOT / "utils" / "tools"))  # the tools import each other by name, as when run as programs
+sys.path.append(str(ROOT / "tools"))  # the tools import each other by name, as when run as programs
 import bench
 import bench_phases
 import phases
@@ -126,7 +126,7 @@ def test_the_wrapped_example_trains_exactly_as_it_does_alone(tmp_path):
     """The timers wrap calls and change nothing: same seed, same losses, epoch by epoch."""
     flags = ["--epochs", "2", "--max-steps", "4", "--log-interval", "1000", "--num-threads", "1"]
     check(run(python(DDP, *flags, "--log-dir", tmp_path / "alone"), timeout=300))
-    result = check(run(python("utils/tools/phases.py", DDP, *flags, "--log-dir", tmp_path / "timed"),
+    result = check(run(python("tools/phases.py", DDP, *flags, "--log-dir", tmp_path / "timed"),
                        timeout=300, env={"PHASES_OUT": str(tmp_path / "phases")}))
     alone, timed = metrics(tmp_path / "alone"), metrics(tmp_path / "timed")
     assert [m["train_loss"] for m in timed] == [m["train_loss"] for m in alone], result.stdout
@@ -135,13 +135,13 @@ def test_the_wrapped_example_trains_exactly_as_it_does_alone(tmp_path):
 
 
 def test_a_script_that_is_not_a_pytorch_example_is_refused(tmp_path):
-    result = run(python("utils/tools/phases.py", HVD_TF), timeout=60,
+    result = run(python("tools/phases.py", HVD_TF), timeout=60,
                  env={"PHASES_OUT": str(tmp_path / "p")})
     assert result.returncode == 1 and "is not a PyTorch example" in result.stderr, result.stderr
-    result = run(python("utils/tools/phases.py", DDP), timeout=60)  # PHASES_OUT unset
+    result = run(python("tools/phases.py", DDP), timeout=60)  # PHASES_OUT unset
     assert result.returncode == 1 and "usage: PHASES_OUT=" in result.stderr, result.stderr
     # the example's own refusal comes through unchanged: its one line, its exit status
-    result = run(python("utils/tools/phases.py", DDP, "--batch-size", "0"), timeout=120,
+    result = run(python("tools/phases.py", DDP, "--batch-size", "0"), timeout=120,
                  env={"PHASES_OUT": str(tmp_path / "p")})
     assert result.returncode == 2 and "error: argument --batch-size" in result.stderr.strip().splitlines()[-1], \
         result.stderr
@@ -150,7 +150,7 @@ def test_a_script_that_is_not_a_pytorch_example_is_refused(tmp_path):
 def test_the_example_and_its_flags_are_found_where_each_launcher_puts_them(monkeypatch):
     flags = ["--epochs", "2", "--seed=3"]
     assert phases.script_and_argv([DDP, *flags]) == (DDP, [DDP, *flags])
-    # the deepspeed launcher: `python -u utils/tools/phases.py --local_rank=1 deepspeed/main.py ...`
+    # the deepspeed launcher: `python -u tools/phases.py --local_rank=1 deepspeed/main.py ...`
     assert phases.script_and_argv(["--local_rank=1", DS, *flags]) == (DS, [DS, "--local_rank=1", *flags])
     assert phases.script_and_argv(["--local_rank=1"]) == (None, None)
     for name in ("RANK", "HOROVOD_RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK"):
@@ -175,7 +175,7 @@ def test_phases_quick_times_every_pytorch_example_under_its_launcher(tmp_path):
     """End to end under torchrun, horovodrun and deepspeed: rank 0's phases at 1 and 2 ranks, means that add up
     to the step, and the communication where each framework puts it."""
     out = tmp_path / "phases.json"
-    check(run(python("utils/tools/bench.py", "--phases", "--quick", "--out", out), timeout=600))
+    check(run(python("tools/bench.py", "--phases", "--quick", "--out", out), timeout=600))
     report = json.loads(out.read_text())
     assert set(report["phases"]) == {"ddp", "horovod-pytorch", "deepspeed"} and len(report["rounds"]) == 1
     for name, by_ranks in report["phases"].items():

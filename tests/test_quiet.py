@@ -113,7 +113,7 @@ def test_filters_drop_only_their_lines(tmp_path):
 def test_doctor_explains_the_cpu_fallback_and_reports_intel_gpus():
     """`make doctor` printed DeepSpeed's "Setting accelerator to CPU" warning unexplained, and TensorFlow's
     banners; now its table says what the fallback means, plus two information rows for Intel GPUs."""
-    result = check(run(python("utils/tools/doctor.py"), env=BARE_SHELL, timeout=180))
+    result = check(run(python("tools/doctor.py"), env=BARE_SHELL, timeout=180))
     out = lines(result)
     assert not [line for line in out if ACCELERATOR_NOTE in line or TF_BANNER.search(line)], "\n".join(out)
     rows = {line.split("│")[1].strip(): line for line in out if line.count("│") >= 3}
@@ -139,7 +139,7 @@ def test_figures_write_nothing_tracked_by_default():
     """`figures.py diagrams` draws into runs/figures/ (ignored by git); assets/ changes only with --out assets."""
     assets = {p: p.stat().st_mtime_ns for p in (ROOT / "assets").glob("*.png")}
     start = time.time()
-    check(run(python("utils/tools/figures.py", "diagrams"), timeout=120))
+    check(run(python("tools/figures.py", "diagrams"), timeout=120))
     assert {p: p.stat().st_mtime_ns for p in (ROOT / "assets").glob("*.png")} == assets
     for name in ("diagram_parallelism.png", "diagram_allreduce.png"):
         assert (ROOT / "runs" / "figures" / name).stat().st_mtime >= start - 1
@@ -148,7 +148,7 @@ def test_figures_write_nothing_tracked_by_default():
     make = shutil.which("make")
     if make:
         dry = subprocess.run([make, "-n", "figures", f"VENV={BIN.parent}"], cwd=ROOT, capture_output=True, text=True)
-        assert "utils/tools/figures.py" in dry.stdout and "--out" not in dry.stdout, dry.stdout
+        assert "tools/figures.py" in dry.stdout and "--out" not in dry.stdout, dry.stdout
         asked = subprocess.run([make, "-n", "figures", "OUT=assets", f"VENV={BIN.parent}"], cwd=ROOT,
                                capture_output=True, text=True).stdout
-        assert "utils/tools/figures.py --out assets" in asked, asked
+        assert "tools/figures.py --out assets" in asked, asked

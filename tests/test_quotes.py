@@ -143,9 +143,9 @@ def test_a_quoted_stack_frame_is_a_line_of_code_in_its_function(note, path, line
 
 def test_the_frame_rule_catches_a_docstring_line():
     import ast
-    tree = ast.parse((ROOT / "utils/log.py").read_text())
+    tree = ast.parse((ROOT / "utils/failures.py").read_text())
     (run_main,) = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "run_main"]
     docstring_line = run_main.body[0].lineno + 1
     with pytest.raises(AssertionError):
-        test_a_quoted_stack_frame_is_a_line_of_code_in_its_function("x.md", "utils/log.py", docstring_line,
+        test_a_quoted_stack_frame_is_a_line_of_code_in_its_function("x.md", "utils/failures.py", docstring_line,
                                                                       "run_main")

@@ -1,4 +1,4 @@
-"""make setup (utils/tools/setup_env.sh): a disk too small is one line before anything is installed,
+"""make setup (tools/setup_env.sh): a disk too small is one line before anything is installed,
 and the room it asks for covers what the course's venv really takes."""
 import re
 import shutil
@@ -7,7 +7,7 @@ from pathlib import Path
 
 from support import ROOT, run
 
-SETUP = ROOT / "utils" / "tools" / "setup_env.sh"
+SETUP = ROOT / "tools" / "setup_env.sh"
 
 
 def free_gb(path):

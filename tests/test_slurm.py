@@ -1,6 +1,6 @@
 """submissions/slurm/train.sh and scale.sh as real jobs: `sbatch` on a 2-node Slurm cluster on this machine.
 
-utils/tools/slurm_cluster.sh (`make slurm-up`) runs munged, slurmctld and two slurmd daemons, nodes n1 and n2 with
+tools/slurm_cluster.sh (`make slurm-up`) runs munged, slurmctld and two slurmd daemons, nodes n1 and n2 with
 2 CPUs each, both this host. Nothing is simulated: sbatch queues the unchanged job script, slurmd runs a copy of
 it from its spool directory, and the script's `srun` starts the ranks on one or two nodes. Each job gets only
 what differs from a GPU cluster on the sbatch line (OVERRIDES: no GPUs, no `gpu` feature, 2 CPUs per node)
@@ -24,7 +24,7 @@ import pytest
 from jobs_support import expected_launch, launches
 from support import BIN, ROOT, check, free_port, metrics, run, summary
 
-CLUSTER = ROOT / "utils" / "tools" / "slurm_cluster.sh"
+CLUSTER = ROOT / "tools" / "slurm_cluster.sh"
 SLURM = ROOT / "submissions" / "slurm"
 CLUSTER_DIR = Path(os.environ.get("SLURM_CLUSTER_DIR") or "/tmp/scaling-dl-slurm")
 # What differs from the GPU cluster the scripts' directives describe; options on the sbatch line override them.

@@ -44,7 +44,7 @@ def test_lessons_and_utils_keep_to_100_columns(path):
     assert line_length(path) == 100, f"{path}: no .ruff.toml with line-length = 100 in its folder"
 
 
-@pytest.mark.parametrize("path", ["utils/tools/launch.py", "tests/test_style.py"])
+@pytest.mark.parametrize("path", ["tools/launch.py", "tests/test_style.py"])
 def test_tools_and_tests_keep_to_120_columns(path):
     assert line_length(path) == 120, path
 
@@ -62,5 +62,6 @@ def test_course_output_comes_before_the_frameworks(path):
         return found[0]
 
     framework = first(rf"(import|from) ({'|'.join(FRAMEWORKS)})\b")
-    assert first(r"sys\.path\.append\(") < first(r"import utils$") < first(r"utils\.course_output\(\)$") \
-        < framework, f"{path}: sys.path.append, import utils, utils.course_output(), then the frameworks"
+    course_output = first(r"utils\.course_output\(\)(  # course plumbing: .*)?$")  # the comment says what it is
+    assert first(r"sys\.path\.append\(") < first(r"import utils$") < course_output < framework, \
+        f"{path}: sys.path.append, import utils, utils.course_output(), then the frameworks"

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from utils.log import UserError
+from utils.errors import UserError
 
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
 IDX_FILES = {"x_train": "train-images-idx3-ubyte", "y_train": "train-labels-idx1-ubyte",

@@ -15,7 +15,7 @@ Slurm (srun)              SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASK
 ========================  ========================================================================
 
 The other way round (the command that starts an example under each launcher) is the tools' side:
-utils/tools/launch.py.
+tools/launch.py.
 """
 import datetime
 import os
@@ -212,23 +212,37 @@ def horovod_knobs(on_cpu, dist_timeout=None):
 GPU_BACKENDS = {"nccl": "cuda", "xccl": "xpu"}
 
 
+def backend_problem(backend, device):
+    """What is wrong with --backend `backend` for `device`, as one line, or None: the one check of
+    the flag. parse() calls it before any process group, with --device (`auto` until a rank picks
+    one); pick_backend() calls it again with the rank's own device ('cpu', 'cuda:0', 'xpu:1')."""
+    if backend == "auto":
+        return None
+    import torch
+    import torch.distributed as dist
+    if not getattr(dist, f"is_{backend}_available", lambda: True)():
+        return (f"--backend {backend}: this torch build has no {backend} backend "
+                f"(torch {torch.__version__}); use --backend auto")
+    kind, wants = device.split(":")[0], GPU_BACKENDS.get(backend)
+    seen = getattr(getattr(torch, wants or "cpu", None), "is_available", bool)
+    if wants and kind == "auto" and not seen():
+        return (f"--backend {backend} connects {wants} devices and torch sees none here; "
+                "use --backend auto")
+    if wants and kind not in ("auto", wants):
+        return f"--backend {backend} connects {wants} devices, not {device}; use --backend auto"
+    if backend == "gloo" and kind == "xpu":
+        return "--backend gloo cannot move xpu tensors; use --backend xccl (or auto)"
+    return None
+
+
 def pick_backend(requested, device):
     """The torch.distributed backend: --backend, or for `auto` the vendor's library between GPUs
     (xccl on Intel, nccl on NVIDIA) and gloo between CPUs. An impossible pairing is one line,
     exit 2."""
-    import torch.distributed as dist
-    kind = device.split(":")[0]
-    vendor = {d: b for b, d in GPU_BACKENDS.items()}  # device kind -> its collective library
-    backend = requested if requested != "auto" else vendor.get(kind, "gloo")
-    wants = GPU_BACKENDS.get(backend)
-    if wants and kind != wants:
-        fail(f"--backend {backend} connects {wants} devices and this rank's device is {device}; "
-             "use --backend auto")
-    available = getattr(dist, f"is_{backend}_available", lambda: True)()
-    if not available:
-        fail(f"--backend {backend}: this torch build has no {backend} backend; use --backend auto")
-    if backend == "gloo" and kind == "xpu":
-        fail("--backend gloo cannot move xpu tensors; use --backend xccl (or auto)")
+    vendor = {kind: b for b, kind in GPU_BACKENDS.items()}  # device kind -> its collective library
+    backend = requested if requested != "auto" else vendor.get(device.split(":")[0], "gloo")
+    if problem := backend_problem(backend, device):
+        fail(problem)
     return backend
 
 
@@ -237,7 +251,7 @@ def free_port():
     kernel's ephemeral range. An ephemeral port (what binding port 0 gives) is what every program
     that listens on "any free port" gets too (srun for its I/O, gloo, a TCPStore), so it can be
     taken again by the time rank 0 listens on it: rank 0 then fails with EADDRINUSE and the other
-    ranks wait for it (seen once in a Slurm job; utils/tools/soak.py --port-pressure shows it)."""
+    ranks wait for it (seen once in a Slurm job; tools/soak.py --port-pressure shows it)."""
     import random
     try:
         with open("/proc/sys/net/ipv4/ip_local_port_range") as f:

@@ -8,7 +8,7 @@ each becomes one `error: ...` line on every rank, before the engine is built.
 import json
 from dataclasses import dataclass
 
-from utils.log import fail
+from utils.errors import fail
 
 
 @dataclass(frozen=True)
@@ -19,6 +19,7 @@ class Loaded:
     path: str  # the file it came from
     batch_size: int  # micro-batch per rank
     grad_accum: int  # micro-batches per optimizer step
+    stage: int  # zero_optimization.stage
 
 
 def load(args, world_size, default_path):
@@ -31,7 +32,8 @@ def load(args, world_size, default_path):
     grad_accum = args.grad_accum
     if "train_batch_size" in config:
         grad_accum = config["train_batch_size"] // (world_size * batch_size)
-    return Loaded(config, str(path), batch_size, grad_accum)
+    stage = config.get("zero_optimization", {}).get("stage", 0)
+    return Loaded(config, str(path), batch_size, grad_accum, stage)
 
 
 def read(args, world_size, default_path):

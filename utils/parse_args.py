@@ -5,15 +5,16 @@ are validated here so that bad input gets a one-line message and exit code 2 on 
 any process group exists (argparse prints ``main.py: error: ...``).
 """
 import argparse
-import json
 import math
 import os
 import sys
 import tempfile
 
 from utils import log
-from utils.dist import GPU_BACKENDS, discover
+from utils.dist import backend_problem, discover
 from utils.errors import record_for_torchrun
+from utils.failures import note_args
+from utils.runfiles import checkpoint_folder, epochs_done, has_checkpoint, note_new_folder
 
 
 def positive_int(text):
@@ -55,21 +56,6 @@ def resume_mode(text):
     if text != "auto":
         raise argparse.ArgumentTypeError(f"the only value it takes is 'auto', got {text}")
     return text
-
-
-# The file each framework writes last when it saves a checkpoint: torch examples,
-# tf.train.CheckpointManager, DeepSpeed.
-CHECKPOINT_MARKERS = ("checkpoint.pt", "checkpoint", "latest")
-
-
-def checkpoint_folder(checkpoint_dir, log_dir):
-    """Where a run keeps its checkpoints: --checkpoint-dir, else <log-dir>/checkpoints (None if
-    neither)."""
-    return checkpoint_dir or (os.path.join(log_dir, "checkpoints") if log_dir else None)
-
-
-def has_checkpoint(folder):
-    return any(os.path.isfile(os.path.join(folder, name)) for name in CHECKPOINT_MARKERS)
 
 
 def checkpoint_exists(args):
@@ -115,16 +101,9 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, line + "\n")
 
 
-def epochs_done(log_dir):
-    """The last epoch in <log_dir>/metrics.jsonl (0 if there is none)."""
-    try:
-        with open(os.path.join(log_dir or "", "metrics.jsonl")) as f:
-            return max((json.loads(line)["epoch"] for line in f if line.strip()), default=0)
-    except (OSError, ValueError, KeyError):
-        return 0
-
-
-def get_parser(description):
+def get_parser(description, backend=True):
+    """The flags every lesson shares. backend=False: no --backend (Horovod picks its own controller
+    and collectives: an accepted flag that did nothing would mislead)."""
     p = Parser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     g = p.add_argument_group("training")
     g.add_argument("--epochs", type=positive_int, default=2, help="training epochs")
@@ -165,9 +144,10 @@ def get_parser(description):
     g.add_argument("--device", choices=["auto", "cpu", "cuda", "xpu"], default="auto",
                    help="auto: xpu:<local rank> on Intel GPUs, else cuda:<local rank> on NVIDIA "
                         "GPUs, else cpu")
-    g.add_argument("--backend", choices=["auto", "gloo", "nccl", "xccl", "mpi"], default="auto",
-                   help="torch.distributed backend; auto: xccl on Intel GPUs, nccl on NVIDIA GPUs, "
-                        "gloo on CPUs")
+    if backend:
+        g.add_argument("--backend", choices=["auto", "gloo", "nccl", "xccl", "mpi"], default="auto",
+                       help="torch.distributed backend; auto: xccl on Intel GPUs, nccl on NVIDIA "
+                            "GPUs, gloo on CPUs")
     g.add_argument("--num-threads", type=positive_int, default=None,
                    help="CPU threads per rank; default: cores on the node / ranks on the node")
     g.add_argument("--dist-timeout", type=positive_int, default=120,
@@ -197,6 +177,46 @@ def clip_flag(parser):
         help="before each step, rescale the averaged gradient so its global L2 norm is at most "
              "MAX_NORM (with warmup it rescues the linearly scaled LR at 128 emulated workers: "
              "README, the LR lesson)")
+    return parser
+
+
+def horovod_flags(parser, backward_passes=False):
+    """Horovod's flags, the same in its PyTorch and TensorFlow lessons; backward_passes: also
+    --backward-passes-per-step, Horovod PyTorch's name for --grad-accum."""
+    g = parser.add_argument_group("horovod")
+    g.add_argument("--fp16-allreduce", action="store_true",
+                   help="compress gradients to fp16 for the all-reduce")
+    g.add_argument("--use-adasum", action="store_true",
+                   help="combine gradients with Adasum instead of averaging")
+    g.add_argument("--gradient-predivide-factor", type=positive_float, default=1.0,
+                   help="divide gradients by this before the sum and by size/factor after "
+                        "(numerics of big worlds)")
+    if backward_passes:
+        g.add_argument("--backward-passes-per-step", dest="grad_accum", type=positive_int,
+                       help="Horovod's name for --grad-accum: local backward passes before each "
+                            "all-reduce")
+    return parser
+
+
+def deepspeed_flags(parser):
+    """DeepSpeed's flags: its own --deepspeed_config, the ZeRO stage, offload, a universal
+    checkpoint, the launcher's --local_rank; Adam's learning rate."""
+    import deepspeed
+
+    deepspeed.add_config_arguments(parser)  # DeepSpeed's own --deepspeed_config
+    g = parser.add_argument_group("ZeRO")
+    g.add_argument("--zero-stage", type=int, choices=[0, 1, 2, 3], default=None,
+                   help="override zero_optimization.stage of the config (0: plain data parallel)")
+    g.add_argument("--offload", action="store_true",
+                   help="ZeRO-Offload: optimizer states and step on the CPU "
+                        "(stage 1-3; DeepSpeedCPUAdam, a JIT-built op)")
+    g.add_argument("--load-universal", action="store_true",
+                   help="--resume from a universal checkpoint (made by deepspeed.checkpoint."
+                        "ds_to_universal): one that any number of ranks can load")
+    # The deepspeed launcher adds --local_rank; the rank comes from the environment.
+    parser.add_argument("--local_rank", "--local-rank", type=int, default=-1,
+                        help=argparse.SUPPRESS)
+    parser.set_defaults(lr=1e-3)  # Adam's usual rate for one rank (the common default suits SGD)
     return parser
 
 
@@ -275,23 +295,7 @@ def check_paths(parser, args):
             parser.error(f"{flag} {path}: {problem}")
         if kind in ("out", "in", "file-out"):
             folder = path if kind != "file-out" else os.path.dirname(os.path.abspath(path))
-            log.note_new_folder(folder)
-
-
-def backend_problem(args):
-    """A --backend this process cannot use, found before any process group (so also in a one-rank
-    run)."""
-    backend, torch = getattr(args, "backend", "auto"), sys.modules.get("torch")
-    if backend in ("auto", "gloo") or torch is None:  # TensorFlow lessons: the flag does not apply
-        return None
-    import torch.distributed as dist
-    if not getattr(dist, f"is_{backend}_available", lambda: True)():
-        return f"this torch ({torch.__version__}) has no {backend} backend; use --backend auto"
-    wants = GPU_BACKENDS.get(backend)
-    if wants and args.device == "auto":
-        if not getattr(getattr(torch, wants, None), "is_available", bool)():
-            return f"connects {wants} devices and torch sees none here; use --backend auto"
-    return None
+            note_new_folder(folder)
 
 
 def warn_threads(args):
@@ -315,11 +319,11 @@ def parse(parser, argv=None):
     check_paths(parser, args)
     if args.resume and args.checkpoint_dir is None and args.log_dir is None:
         parser.error("--resume needs --checkpoint-dir (or the --log-dir of the run to continue)")
-    if args.backend in GPU_BACKENDS and args.device not in ("auto", GPU_BACKENDS[args.backend]):
-        parser.error(f"--backend {args.backend} connects {GPU_BACKENDS[args.backend]} devices, "
-                     f"not --device {args.device}; use --backend auto")
-    if problem := backend_problem(args):
-        parser.error(f"--backend {args.backend}: {problem}")
+    # --backend is torch.distributed's: checked once here, before any process group, and again for
+    # the device each rank picks (utils/dist.py's backend_problem)
+    backend = getattr(args, "backend", "auto")
+    if "torch" in sys.modules and (problem := backend_problem(backend, args.device)):
+        parser.error(problem)
     warn_threads(args)
-    log.note_args(args)
+    note_args(args)
     return args

@@ -6,7 +6,7 @@ import numpy as np
 import tensorflow as tf  # (utils/quiet.py, imported with utils, keeps its start-up banner out)
 
 from utils.data import normalized
-from utils.log import UserError
+from utils.errors import UserError
 
 
 def configure_tf(device, local_rank, num_threads):
@@ -57,7 +57,7 @@ def one_thread(dataset):
     """tf.data runs pipelines on a thread pool as large as the machine's core count, and its
     autotuner adds threads; with every core already running a rank, they compete with the training
     step. These pipelines only slice arrays already in memory: one private thread is plenty
-    (utils/tools/PERFORMANCE.md)."""
+    (tools/PERFORMANCE.md)."""
     options = tf.data.Options()
     options.threading.private_threadpool_size = 1
     options.autotune.enabled = False

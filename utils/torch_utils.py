@@ -8,7 +8,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from utils.data import DataError, normalized
-from utils.log import atomic_write, fail
+from utils.errors import fail
+from utils.runfiles import atomic_write
 
 
 class Net(nn.Module):

@@ -42,7 +42,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-from utils import data, log
+from utils import data, failures, log, runfiles
 from utils import dist as course  # which variables each launcher sets
 from utils.parse_args import Parser, check_paths, non_negative_int, positive_float, positive_int
 
@@ -165,9 +165,9 @@ def main():
     result.update(saved_checksum=checksum(model, optimizer), losses=losses,
                   step=start + args.steps)
     if rank == 0:
-        log.atomic_write(folder / "latest", lambda f: f.write(tag))
+        runfiles.atomic_write(folder / "latest", lambda f: f.write(tag))
         if args.json:
-            log.write_json(args.json, result)
+            runfiles.write_json(args.json, result)
     log.info(f"saved {folder / tag} from {n} rank(s); weights + Adam state checksum "
              f"{result['saved_checksum']}")
     dist.barrier()
@@ -175,4 +175,4 @@ def main():
 
 
 if __name__ == "__main__":
-    log.run_main(main)
+    failures.run_main(main)

@@ -23,9 +23,7 @@ from pathlib import Path
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # the repo root *after* site-packages
 import utils
 
-# Before the frameworks: a missing one is then one line that says how to get it, and the libraries'
-# lines that teach nothing are filtered (utils/quiet.py names each; COURSE_VERBOSE=1 shows them).
-utils.course_output()
+utils.course_output()  # course plumbing: a missing framework is one line; noise filtered
 
 import deepspeed  # the installed library: the repo root is last on sys.path
 import torch
@@ -38,10 +36,11 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-from utils import data, log
+from utils import data, failures, log, runfiles
 from utils import dist as course  # which variables each launcher sets
-from utils.parse_args import Parser, check_paths, non_negative_int, positive_float, positive_int
+from utils.parse_args import Parser
 from zero import census
+from zero.flags import check, model_flags  # what is trained, checked: shared with report.py
 
 VARIANTS = {  # name: (label, ZeRO stage, optimizer state and step on the CPU)
     "ds0": ("DeepSpeed stage 0 (plain data parallel)", 0, False),
@@ -53,32 +52,6 @@ VARIANTS = {  # name: (label, ZeRO stage, optimizer state and step on the CPU)
     "torch-zero1": ("PyTorch DDP + ZeroRedundancyOptimizer", 1, False),
     "torch-fsdp2": ("PyTorch FSDP2 fully_shard", 3, False),
 }
-
-
-def model_flags(p):
-    """The flags that decide what is trained; zero/report.py takes the same and passes them on."""
-    p.add_argument("--hidden", type=positive_int, default=2560,
-                   help="width of the MLP's hidden layers")
-    p.add_argument("--layers", type=non_negative_int, default=4,
-                   help="hidden-to-hidden layers (hidden^2 each)")
-    p.add_argument("--steps", type=positive_int, default=3,
-                   help="Adam steps (>= 2: its state exists after the first)")
-    p.add_argument("--batch-size", type=positive_int, default=32, help="digits per rank and step")
-    p.add_argument("--lr", type=positive_float, default=1e-3, help="Adam's learning rate")
-    p.add_argument("--seed", type=non_negative_int, default=0)
-    p.add_argument("--dist-timeout", type=positive_int, default=300,
-                   help="seconds before a collective gives up")
-    return p
-
-
-def check(p, args):
-    """Bad input: one `error:` line and exit 2 (argparse's), on every rank, before any process group
-    exists."""
-    if args.steps < 2:
-        p.error("--steps must be at least 2 (Adam's state exists only after the first step)")
-    if args.hidden < 16:
-        p.error("--hidden must be at least 16")
-    check_paths(p, args)  # --json: a file we can write, checked before anything starts
 
 
 def mlp(hidden, layers):
@@ -108,23 +81,19 @@ def main():
     if args.steps * args.batch_size * n > data.SHIPPED_TRAIN:  # bad input too (n is known by now)
         log.fail(f"--steps {args.steps} x --batch-size {args.batch_size} x {n} ranks needs more "
                  f"than the {data.SHIPPED_TRAIN:,} training digits")
-    # [2] Pin this rank: on GPUs cuda:LOCAL_RANK. This lesson counts host memory, so it stays on the
-    #     CPU, and each rank takes its share of the cores.
+    # [2] Pin this rank: on GPUs cuda:LOCAL_RANK; counting host memory, this lesson stays on CPUs
     torch.set_num_threads(course.threads_per_rank(None, env.local_world_size))
-    # [1] Start the process group (gloo between CPUs); DeepSpeed's own call adds its
-    #     communication layer.
+    # [1] Start the process group (gloo between CPUs); DeepSpeed's call adds its comm layer.
     timeout = timedelta(seconds=args.dist_timeout)
     course.group_timeout(timeout)  # also for the groups DeepSpeed makes itself
     if deepspeed_run:
         course.default_extensions_dir()  # where the JIT-built cpu_adam op (offload) is cached
-        # deepspeed_shm_comm serves inference only: skip its JIT build
-        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # inference only: no build
         deepspeed.init_distributed("gloo", auto_mpi_discovery=False, verbose=False, timeout=timeout)
     else:
         dist.init_process_group("gloo", timeout=timeout)
 
-    # [3] Shard by *global* rank: every rank draws the same shuffle (seeded), takes its own 1/n.
-    mnist = data.load_shipped()
+    mnist = data.load_shipped()  # [3] shard by *global* rank: the same seeded shuffle, 1/n each
     train_set = TensorDataset(torch.from_numpy(data.normalized(mnist.x_train).reshape(-1, 784)),
                               torch.from_numpy(mnist.y_train))
     loader = DataLoader(train_set, batch_size=args.batch_size, drop_last=True,
@@ -145,8 +114,7 @@ def main():
     if deepspeed_run:
         # stage 0: nothing partitioned; 1: Adam's state; 2: + gradients; 3: + parameters
         zero = {"stage": stage, "contiguous_gradients": True, "overlap_comm": False,
-                # gradient and gather buckets of 2M elements (8 MB); DeepSpeed's 500M default
-                # would be 2 GB here
+                # buckets of 2M elements (8 MB); DeepSpeed's 500M default would be 2 GB here
                 "reduce_bucket_size": 2_000_000, "allgather_bucket_size": 2_000_000}
         if stage == 3:  # gather 2M elements ahead; partition every parameter, even the small biases
             zero.update(stage3_prefetch_bucket_size=2_000_000, stage3_param_persistence_threshold=0)
@@ -162,7 +130,7 @@ def main():
                   # DeepSpeed 0.19.8 clips to norm 1.0 unless told; PyTorch's runs don't clip
                   "gradient_clipping": 0.0,
                   "steps_per_print": 1_000_000}
-        # [5] ... the engine broadcasts rank 0's weights, then (stage >= 1) builds the partitioned
+        # [5] ... the engine broadcasts rank 0's weights, then builds the (stage >= 1: partitioned)
         #     optimizer
         model, optimizer, _, _ = deepspeed.initialize(model=model,
                                                       model_parameters=model.parameters(),
@@ -170,8 +138,7 @@ def main():
         adam = getattr(model, "basic_optimizer", None) or optimizer  # the Adam that holds the state
     elif args.variant == "torch-zero1":
         model = DDP(model, gradient_as_bucket_view=True)  # [5] ... DDP broadcasts rank 0's weights
-        # ZeRO-1: each rank's Adam owns whole parameters, about 1/N of them, and keeps state only
-        # for those
+        # ZeRO-1: each rank's Adam owns whole parameters, about 1/N of them, with their state only
         optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam,
                                             lr=args.lr)
         adam = optimizer.optim
@@ -184,8 +151,7 @@ def main():
             if isinstance(layer, nn.Linear):
                 fully_shard(layer)
         fully_shard(model)  # the parameters are DTensors now, each rank holding 1/N of every one
-        # Adam's state: for this rank's shards only
-        optimizer = adam = torch.optim.Adam(model.parameters(), lr=args.lr)
+        optimizer = adam = torch.optim.Adam(model.parameters(), lr=args.lr)  # state: its shards
     gc.collect()
     setup_rss, peak_reset = census.rss_bytes(), census.reset_peak_rss()
 
@@ -193,16 +159,14 @@ def main():
     for step, (x, y) in enumerate(batches, 1):
         loss = F.nll_loss(model(x), y)  # ZeRO-3/fully_shard: each layer all-gathered, used, freed
         if deepspeed_run:
-            # [6] the engine averages the gradients here: stage 0 all-reduces them; stages 1-3
-            #     reduce them bucket by bucket and each rank keeps only the averaged slice it
-            #     updates (offload: on the CPU)
+            # [6] the engine averages the gradients: stage 0 all-reduces them; stages 1-3 reduce
+            #     them bucket by bucket, each rank keeping the slice it updates (offload: on CPU)
             model.backward(loss)
         else:
             # [6] averaged in backward: DDP all-reduces its buckets (torch-zero1), fully_shard
             #     reduce-scatters each layer's gradient into this rank's shard
             loss.backward()
-        # Gradients held now, and Adam's state since step 1: count this rank's bytes.
-        if step == len(batches):
+        if step == len(batches):  # gradients held now, Adam's state since step 1: count bytes
             gc.collect()
             held = census.census(model, optimizer, adam)
         if deepspeed_run:
@@ -222,15 +186,15 @@ def main():
                 peak_is_training_only=peak_reset)
     result = dict(variant=args.variant, label=label, stage=stage, offload=offload, ranks=n, psi=psi,
                   hidden=args.hidden, layers=args.layers, batch_size=args.batch_size,
-                  steps=args.steps,
-                  losses=losses, train_time_s=elapsed, per_rank=course.gather_object(held),
+                  steps=args.steps, losses=losses, train_time_s=elapsed,
+                  per_rank=course.gather_object(held),
                   formula=census.formula(stage, psi, n))
     log.info(census.describe(result))
     if rank == 0 and args.json:  # [8] one writer: rank 0 writes the file (atomically)
-        log.write_json(args.json, result)
+        runfiles.write_json(args.json, result)
     dist.barrier()
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    log.run_main(main)
+    failures.run_main(main)

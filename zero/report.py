@@ -22,10 +22,12 @@ import time
 from pathlib import Path
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # the repo root, after site-packages
-from utils.log import fail, run_main
-from utils.tools.launch import launch_command
+from tools.launch import launch_command
+from utils.errors import fail
+from utils.failures import run_main
 from zero.census import KINDS, NAMES, mb
-from zero.main import VARIANTS, check, model_flags
+from zero.flags import check, model_flags
+from zero.main import VARIANTS
 
 MODEL_FLAGS = ("hidden", "layers", "steps", "batch_size", "lr", "seed", "dist_timeout")
 

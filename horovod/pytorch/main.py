@@ -16,9 +16,7 @@ from pathlib import Path
 sys.path.append(str(Path(__file__).resolve().parents[2]))  # the repo root *after* site-packages
 import utils
 
-# Before the frameworks: a missing one is then one line that says how to get it, and the libraries'
-# lines that teach nothing are filtered (utils/quiet.py names each; COURSE_VERBOSE=1 shows them).
-utils.course_output()
+utils.course_output()  # course plumbing: a missing framework is one line; noise filtered
 
 import horovod.torch as hvd
 import torch
@@ -26,17 +24,9 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-from utils import data, log
+from utils import data, failures, log, runfiles
 from utils import dist as course  # which variables each launcher sets; Horovod's CPU knobs
-from utils.parse_args import (
-    clip_flag,
-    finished_already,
-    get_parser,
-    parse,
-    positive_float,
-    positive_int,
-    resuming,
-)
+from utils.parse_args import clip_flag, finished_already, get_parser, horovod_flags, parse, resuming
 from utils.schedule import lr_at, scaled_lr
 from utils.torch_utils import (
     Net,
@@ -50,21 +40,6 @@ from utils.torch_utils import (
 )
 
 FRAMEWORK = "horovod-pytorch"
-
-
-def horovod_flags(parser):
-    g = parser.add_argument_group("horovod")
-    g.add_argument("--fp16-allreduce", action="store_true",
-                   help="compress gradients to fp16 for the all-reduce")
-    g.add_argument("--use-adasum", action="store_true",
-                   help="combine gradients with Adasum instead of averaging")
-    g.add_argument("--gradient-predivide-factor", type=positive_float, default=1.0,
-                   help="divide gradients by this before the sum and by size/factor after "
-                        "(numerics of big worlds)")
-    g.add_argument("--backward-passes-per-step", dest="grad_accum", type=positive_int,
-                   help="Horovod's name for --grad-accum: local backward passes before each "
-                        "all-reduce")
-    return parser
 
 
 def train_epoch(model, optimizer, loaders, epoch, lr_of, env, args):
@@ -112,7 +87,7 @@ def evaluate(model, loader):
 
 
 def main():
-    args = parse(clip_flag(horovod_flags(get_parser(__doc__))))
+    args = parse(clip_flag(horovod_flags(get_parser(__doc__, backend=False), backward_passes=True)))
     if finished_already(args):  # --resume auto on a run that is done: touch nothing
         return
     wall_start = time.perf_counter()
@@ -138,9 +113,9 @@ def main():
     if args.use_adasum and not hvd.mpi_enabled():
         raise log.UserError("--use-adasum needs the MPI controller (mpiexec, horovodrun --mpi): "
                             "gloo has no Adasum")
-    log_dir = args.log_dir or hvd.broadcast_object(log.default_log_dir("horovod-pytorch"),
+    log_dir = args.log_dir or hvd.broadcast_object(runfiles.default_log_dir("horovod-pytorch"),
                                                    root_rank=0)
-    run = log.RunLog(log_dir, env.is_main)
+    run = runfiles.RunLog(log_dir, env.is_main)
     log.info(f"{FRAMEWORK}: {env.world_size} rank(s) via {env.launcher}, device {env.device}, "
              f"{env.backend} controller, {env.num_threads} thread(s) per rank, "
              f"HOROVOD_CYCLE_TIME {knobs['HOROVOD_CYCLE_TIME']}")
@@ -150,13 +125,10 @@ def main():
     log.info(mnist.describe())
     x_train, y_train, x_test, y_test = to_tensors(mnist, env.device)
     train_set, test_set = TensorDataset(x_train, y_train), TensorDataset(x_test, y_test)
-    # [3] Shard by *global* rank (hvd.rank(), not hvd.local_rank(): that repeats on every node).
-    #     Each rank draws its own 1/size of every shuffled epoch. --grad-accum A: a rank plays A
-    #     ranks.
+    # [3] Shard by *global* rank (hvd.rank(), not hvd.local_rank(): that repeats on every node):
+    #     each rank draws its own 1/size of every shuffled epoch; --grad-accum A: it plays A ranks.
     A = args.grad_accum
-    if A > 1:
-        log.info(f"--grad-accum {A}: each step averages {A} micro-batches per rank: "
-                 f"an emulated world of {hvd.size() * A}")
+    log.grad_accum(A, hvd.size())  # A > 1: says so
     loaders = [DataLoader(train_set, batch_size=args.batch_size, drop_last=True,
                           sampler=DistributedSampler(train_set, num_replicas=hvd.size() * A,
                                                      rank=hvd.rank() * A + k, shuffle=True,
@@ -171,14 +143,13 @@ def main():
     # [4] Scale the LR with the global batch (Adasum adapts to the gradients instead: no scaling).
     lr = scaled_lr(args.lr, hvd.size() * A, not (args.no_lr_scaling or args.use_adasum))
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum)
-    # [5] Wrap the optimizer: it all-reduces the gradients (optionally fp16-compressed, or with
-    #     Adasum).
+    # [5] Wrap the optimizer: it all-reduces the gradients (fp16-compressed or Adasum, if asked).
     optimizer = hvd.DistributedOptimizer(
         optimizer, named_parameters=model.named_parameters(),
         compression=hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none,
         op=hvd.Adasum if args.use_adasum else hvd.Average,
         gradient_predivide_factor=args.gradient_predivide_factor, backward_passes_per_step=A)
-    checkpoint = Path(args.checkpoint_dir or Path(log_dir) / "checkpoints") / "checkpoint.pt"
+    checkpoint = runfiles.checkpoint_folder(args.checkpoint_dir, log_dir) / "checkpoint.pt"
     first_epoch = 1
     # [8] rank 0 reads the checkpoint; [5] hands it to every rank
     if resuming(args) and env.is_main:
@@ -226,4 +197,4 @@ def main():
 
 
 if __name__ == "__main__":
-    log.run_main(main)
+    failures.run_main(main)

@@ -19,15 +19,14 @@ os.environ["TF_USE_LEGACY_KERAS"] = "1"  # must precede the first TensorFlow imp
 sys.path.append(str(Path(__file__).resolve().parents[2]))  # the repo root *after* site-packages
 import utils
 
-# Before the frameworks: a missing one is then one line that says how to get it, and the libraries'
-# lines that teach nothing are filtered (utils/quiet.py names each; COURSE_VERBOSE=1 shows them).
-utils.course_output()
+utils.course_output()  # course plumbing: a missing framework is one line; noise filtered
 
 import tensorflow as tf
 import tf_keras
 
-from utils import data, log
+from utils import data, failures, log, runfiles
 from utils import dist as course  # which variables each launcher sets; Horovod's CPU knobs
+from utils.board import Board
 from utils.parse_args import get_parser, parse
 from utils.schedule import scaled_lr
 from utils.tf_utils import build_model, checksum, configure_tf, images, one_thread
@@ -61,7 +60,7 @@ class EpochLog(tf.keras.callbacks.Callback):
         log.at_step(self.epoch, step, total)  # where a Ctrl-C or a lost peer stopped it
         if self.env.is_main and (step % self.log_interval == 0 or step == total):
             # TensorBoard's step/train_loss; in Keras: this rank's mean loss of the epoch so far
-            log.Board.step((self.epoch - 1) * total + step, logs["loss"])
+            Board.step((self.epoch - 1) * total + step, logs["loss"])
 
     def on_epoch_end(self, epoch, logs=None):
         train_time = time.perf_counter() - self.start
@@ -84,7 +83,7 @@ class EpochLog(tf.keras.callbacks.Callback):
 
 
 def main():
-    args = parse(get_parser(__doc__))
+    args = parse(get_parser(__doc__, backend=False))
     for flag, given in (("--grad-accum", args.grad_accum != 1), ("--resume", args.resume)):
         if given:
             raise log.UserError(f"{flag} is implemented in horovod/tensorflow/main.py, "
@@ -102,9 +101,9 @@ def main():
                          course.discover().launcher, device=device, backend=controller,
                          num_threads=num_threads)
     log.configure(env.rank, env.local_rank, args.log_all_ranks)
-    log_dir = args.log_dir or hvd_tf.broadcast_object(log.default_log_dir("horovod-keras"),
+    log_dir = args.log_dir or hvd_tf.broadcast_object(runfiles.default_log_dir("horovod-keras"),
                                                       root_rank=0)
-    run = log.RunLog(log_dir, env.is_main)
+    run = runfiles.RunLog(log_dir, env.is_main)
     log.info(f"{FRAMEWORK}: {env.world_size} rank(s) via {env.launcher}, device {env.device}, "
              f"{env.backend} controller, {env.num_threads} thread(s) per rank, "
              f"HOROVOD_CYCLE_TIME {knobs['HOROVOD_CYCLE_TIME']}")
@@ -165,4 +164,4 @@ def main():
 
 
 if __name__ == "__main__":
-    log.run_main(main)
+    failures.run_main(main)

@@ -16,39 +16,23 @@ from pathlib import Path
 sys.path.append(str(Path(__file__).resolve().parents[2]))  # the repo root *after* site-packages
 import utils
 
-# Before the frameworks: a missing one is then one line that says how to get it, and the libraries'
-# lines that teach nothing are filtered (utils/quiet.py names each; COURSE_VERBOSE=1 shows them).
-utils.course_output()
+utils.course_output()  # course plumbing: a missing framework is one line; noise filtered
 
 import horovod.tensorflow as hvd
 import keras
 import tensorflow as tf
 
-from utils import data, log
+from utils import data, failures, log, runfiles
 from utils import dist as course  # which variables each launcher sets; Horovod's CPU knobs
-from utils.parse_args import finished_already, get_parser, parse, positive_float, resuming
+from utils.parse_args import finished_already, get_parser, horovod_flags, parse, resuming
 from utils.schedule import lr_at, scaled_lr
 from utils.tf_utils import build_model, checksum, configure_tf, images, one_thread, restore_latest
 
 FRAMEWORK = "horovod-tensorflow"
 
 
-def horovod_flags(parser):
-    g = parser.add_argument_group("horovod")
-    g.add_argument("--fp16-allreduce", action="store_true",
-                   help="compress gradients to fp16 for the all-reduce")
-    g.add_argument("--use-adasum", action="store_true",
-                   help="combine gradients with Adasum instead of averaging")
-    g.add_argument("--gradient-predivide-factor", type=positive_float, default=1.0,
-                   help="divide gradients by this before the sum and by size/factor after")
-    return parser
-
-
-def tf_variables(keras_variables):
-    """Keras 3 wraps each tf.Variable in a keras.Variable, which Horovod 0.28 does not understand
-    ("'Variable' object has no attribute 'ref'", horovod#4290). Hand Horovod the tf.Variable
-    inside."""
-    return [v.value for v in keras_variables]
+def tf_variables(keras_variables):  # Keras 3 wraps each tf.Variable: Horovod 0.28 needs it bare
+    return [v.value for v in keras_variables]  # ("no attribute 'ref'", horovod#4290)
 
 
 def shard(x, y, epoch, args):
@@ -115,7 +99,7 @@ def evaluate(model, dataset):
 
 
 def main():
-    args = parse(horovod_flags(get_parser(__doc__)))
+    args = parse(horovod_flags(get_parser(__doc__, backend=False)))
     if finished_already(args):  # --resume auto on a run that is done: touch nothing
         return
     if args.grad_accum != 1:
@@ -129,8 +113,7 @@ def main():
     # [1] Start Horovod: rank, local rank and size come from horovodrun or the MPI launcher.
     hvd.init()
     num_threads = course.threads_per_rank(args.num_threads, hvd.local_size())
-    # [2] Pin this rank to one device: of the GPUs, only number hvd.local_rank() stays visible (CPU:
-    #     threads).
+    # [2] Pin this rank to one device: only GPU number hvd.local_rank() stays visible (CPU: threads)
     device = configure_tf(args.device, hvd.local_rank(), num_threads)
     controller = "horovod-" + ("mpi" if hvd.mpi_enabled() else "gloo")
     env = course.DistEnv(hvd.rank(), hvd.local_rank(), hvd.size(), hvd.local_size(),
@@ -140,9 +123,9 @@ def main():
     if args.use_adasum and not hvd.mpi_enabled():
         raise log.UserError("--use-adasum needs the MPI controller (mpiexec, horovodrun --mpi): "
                             "gloo has no Adasum")
-    log_dir = args.log_dir or hvd.broadcast_object(log.default_log_dir("horovod-tensorflow"),
+    log_dir = args.log_dir or hvd.broadcast_object(runfiles.default_log_dir("horovod-tensorflow"),
                                                    root_rank=0)
-    run = log.RunLog(log_dir, env.is_main)
+    run = runfiles.RunLog(log_dir, env.is_main)
     log.info(f"{FRAMEWORK}: {env.world_size} rank(s) via {env.launcher}, device {env.device}, "
              f"{env.backend} controller, {env.num_threads} thread(s) per rank, "
              f"HOROVOD_CYCLE_TIME {knobs['HOROVOD_CYCLE_TIME']}")
@@ -165,16 +148,15 @@ def main():
     optimizer.build(model.trainable_variables)  # the momentum slots now, so that [5] can send them
     epoch_var = tf.Variable(0, dtype=tf.int64)
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, epoch=epoch_var)
-    folder = args.checkpoint_dir or str(Path(log_dir) / "checkpoints")
+    folder = str(runfiles.checkpoint_folder(args.checkpoint_dir, log_dir))
     manager = tf.train.CheckpointManager(checkpoint, folder, max_to_keep=2)
     if resuming(args) and env.is_main:  # [8] rank 0 restores; [5] hands the state to every rank
         restored = restore_latest(checkpoint, manager)  # one line if it is missing or does not fit
         log.info(f"resumed from {restored}: continuing at epoch {int(epoch_var) + 1}")
     first_epoch = hvd.broadcast_object(int(epoch_var), root_rank=0) + 1
     run.keep_epochs_before(first_epoch)
-    # [5] Start every rank from rank 0's weights and optimizer state. Horovod's own TF2 example does
-    #     this after the first step, because Keras 2 created optimizer slots lazily; built up front,
-    #     we can do it first.
+    # [5] Start every rank from rank 0's weights and optimizer state (Horovod's TF2 example does it
+    #     after the first step: Keras 2 made optimizer slots lazily; built up front, we can first).
     hvd.broadcast_variables(tf_variables(model.variables), root_rank=0)
     hvd.broadcast_variables(tf_variables(optimizer.variables), root_rank=0)
     train_step = make_train_step(model, optimizer, args)
@@ -183,9 +165,8 @@ def main():
 
     # --- train / evaluate ------------------------------------------------------------------------
     for epoch in range(first_epoch, args.epochs + 1):
-        # Reseeded each epoch; still, Keras 3's dropout layers draw from seed generators of their
-        # own that no checkpoint records: a resumed run repeats an uninterrupted one exactly only
-        # with --dropout 0.
+        # Reseeded each epoch; Keras 3's dropout layers draw from seed generators no checkpoint
+        # records: a resumed run repeats an uninterrupted one exactly only with --dropout 0.
         keras.utils.set_random_seed(args.seed + 1000 * epoch + env.rank)
         # [3] a new shuffle each epoch, the same on every rank
         dataset, steps = shard(x_train, y_train, epoch, args)
@@ -216,4 +197,4 @@ def main():
 
 
 if __name__ == "__main__":
-    log.run_main(main)
+    failures.run_main(main)

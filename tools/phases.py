@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Run a PyTorch example unchanged, timing the phases of each training step on each rank.
 
-    PHASES_OUT=PREFIX python utils/tools/phases.py DDP/main.py --epochs 3 ...            (one rank)
-    PHASES_OUT=PREFIX torchrun --nproc_per_node 2 utils/tools/phases.py DDP/main.py ...  (any launcher, rank count)
+    PHASES_OUT=PREFIX python tools/phases.py DDP/main.py --epochs 3 ...            (one rank)
+    PHASES_OUT=PREFIX torchrun --nproc_per_node 2 tools/phases.py DDP/main.py ...  (any launcher, rank count)
 
 Before the example runs, the calls that make up a step are wrapped with timers (the example's code is not
 touched): the model's forward, `backward` (DeepSpeed: `engine.backward`), Horovod's `synchronize` (waiting for
@@ -17,8 +17,8 @@ lands in *wait*; DeepSpeed reduces the gradients in engine.backward and, at ZeRO
 updated weights in engine.step.
 
 Each rank writes {"rank", "records": [{"epoch", "step", phase: seconds, ...}, ...]} to $PHASES_OUT-rank{R}.json
-when the example ends. `python utils/tools/bench.py --phases` runs the examples so at 1 and 2 ranks and compares.
-With $PHASES_TURNS set (by the bench's overhead measurement, utils/tools/bench_overhead.py), the process takes
+when the example ends. `python tools/bench.py --phases` runs the examples so at 1 and 2 ranks and compares.
+With $PHASES_TURNS set (by the bench's overhead measurement, tools/bench_overhead.py), the process takes
 turns with another one step by step: see `Turns`. Nothing inside the example is touched, only library classes
 and the course's shared modules (utils.log.Progress, utils.torch_utils.Net).
 """
@@ -32,7 +32,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 PHASES = ("forward", "backward", "wait", "optimizer")
 PYTORCH_EXAMPLES = {"ddp": "ddp", "horovod-pytorch": "horovod", "deepspeed": "deepspeed",  # launch.EXAMPLES names
                     "tensor-parallel": "model_parallel", "pipeline-parallel": "model_parallel"}
@@ -149,7 +149,7 @@ def patch(timer, framework):
 
 
 def framework_of(script):
-    from utils.tools.launch import script_path
+    from tools.launch import script_path
     path = Path(script).resolve()
     for name, framework in PYTORCH_EXAMPLES.items():
         if script_path(name).resolve() == path:
@@ -178,9 +178,9 @@ def main():
     script, argv = script_and_argv(sys.argv[1:])
     out = os.environ.get("PHASES_OUT")
     if script is None or not out:
-        sys.exit("usage: PHASES_OUT=PREFIX python utils/tools/phases.py EXAMPLE/main.py [its flags]")
+        sys.exit("usage: PHASES_OUT=PREFIX python tools/phases.py EXAMPLE/main.py [its flags]")
     # The example sees what `python EXAMPLE/main.py` would give it: its own folder first on the path instead of
-    # utils/tools/ (whose modules would stand as top-level names), the repo root last (after site-packages).
+    # tools/ (whose modules would stand as top-level names), the repo root last (after site-packages).
     if sys.path and Path(sys.path[0] or ".").resolve() == Path(__file__).resolve().parent:
         sys.path.pop(0)
     sys.path.insert(0, str(Path(script).resolve().parent))

@@ -6,7 +6,7 @@ import shutil
 import sys
 from pathlib import Path
 
-sys.path.append(str(Path(__file__).resolve().parents[2]))  # the repo root, after site-packages
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # the repo root, after site-packages
 # Before the frameworks: a missing one is then one line that says how to get it, and the libraries'
 # lines that teach nothing are filtered (utils/quiet.py names each; COURSE_VERBOSE=1 shows them).
 import utils

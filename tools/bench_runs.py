@@ -1,5 +1,5 @@
 """The bench's training runs: every example run as a program (its flags and files: metrics.jsonl), started
-through utils.tools.launch.launch_command, at 1 and 2 ranks, beside the ceiling (two independent 1-rank runs at
+through tools.launch.launch_command, at 1 and 2 ranks, beside the ceiling (two independent 1-rank runs at
 once)."""
 import json
 import os
@@ -7,18 +7,18 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.append(str(ROOT))  # *after* site-packages: our horovod/ and deepspeed/ never shadow the libraries
 
 import bench_cpu
 from bench_report import ceiling_efficiency, efficiency, steady_throughput
-from utils.tools.launch import EXAMPLES, launch_command
+from tools.launch import EXAMPLES, launch_command
 
 BIN = Path(sys.executable).parent  # the venv's bin: torchrun, mpiexec, horovodrun, deepspeed
 
 HOROVODRUN_FLAGS = ("--gloo-timeout-seconds", "60")
-# utils.tools.launch.EXAMPLES name: (its 2-rank launcher, framework kind: whose independent pair is its ceiling)
+# tools.launch.EXAMPLES name: (its 2-rank launcher, framework kind: whose independent pair is its ceiling)
 BENCHED = {
     "ddp": ("torchrun", "torch"),
     "horovod-pytorch": ("horovodrun", "torch"),
@@ -39,7 +39,7 @@ BENCH_SETS = ("--epochs", "--max-steps", "--batch-size", "--num-threads", "--log
 
 
 def command(example, nproc, launcher, args, wrapper=None):
-    """The launch command (utils.tools.launch.launch_command) with the venv's launchers and horovodrun's gloo
+    """The launch command (tools.launch.launch_command) with the venv's launchers and horovodrun's gloo
     timeout."""
     flags = HOROVODRUN_FLAGS if launcher == "horovodrun" else ()
     return launch_command(example, nproc, launcher, args, wrapper=wrapper, bin_dir=BIN, launcher_flags=flags)

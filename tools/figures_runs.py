@@ -1,4 +1,4 @@
-"""make figures' runs: each a real example started through utils.tools.launch.launch_command (torchrun), logging into
+"""make figures' runs: each a real example started through tools.launch.launch_command (torchrun), logging into
 its own folder; their metrics read back, and the scaling arithmetic on them (tests/test_figures.py)."""
 import json
 import os
@@ -9,10 +9,10 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 sys.path.append(str(ROOT))  # after site-packages: our horovod/ and deepspeed/ folders never shadow the libraries
-from utils.tools.launch import EXAMPLES, launch_command  # the one module that knows launchers
+from tools.launch import EXAMPLES, launch_command  # the one module that knows launchers
 
 EXAMPLE = "ddp"  # every run of the scaling study and the learning-rate lesson
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """What the PyTorch lessons' data idiom costs per training step, against the alternative it replaced.
 
-    python utils/tools/data_cost.py [--rounds 7] [--batch-size 32] [--world 2]
+    python tools/data_cost.py [--rounds 7] [--batch-size 32] [--world 2]
 
 In one process, one thread (as each CPU rank of the benchmark), round after round and taking turns:
   idiom    the lessons' loader: DataLoader(TensorDataset(x, y), sampler=DistributedSampler(...), batch_size),
@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-sys.path.append(str(Path(__file__).resolve().parents[2]))  # the repo root, after site-packages
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # the repo root, after site-packages
 from utils import data
 from utils.torch_utils import Net, to_tensors
 

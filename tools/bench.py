@@ -6,11 +6,11 @@ efficiency = throughput(2) / (2 x throughput(1)), the *ceiling* (two independent
 framework at once, no communication: what 2 ranks can reach on this box) and each example's efficiency
 relative to it. Then a per-step time breakdown on rank 0 of a 2-rank run (data, forward+backward, gradient
 all-reduce, optimizer), measured phase by phase. Last, each example's *overhead*: its own training step at one
-rank (run unchanged under utils/tools/phases.py) against a bare loop of the same model, optimizer and data
-(utils/tools/bare_loop.py), `--pairs` pairs of processes, the two of a pair taking turns every `--part-steps`
+rank (run unchanged under tools/phases.py) against a bare loop of the same model, optimizer and data
+(tools/bare_loop.py), `--pairs` pairs of processes, the two of a pair taking turns every `--part-steps`
 steps (the speed drifts over seconds), one ratio per pair; TensorFlow: samples/s of two runs one after the
 other per pair (bench_overhead.py).
-Every example runs as a program, started through utils.tools.launch.launch_command; no tool imports a lesson.
+Every example runs as a program, started through tools.launch.launch_command; no tool imports a lesson.
 
 Epoch 1 of every run is warm-up (graph tracing, allocator, connections) and excluded; a run's throughput is
 the median over its remaining epochs. The whole set is repeated `--repeat` times, interleaved (round 1 runs
@@ -19,19 +19,19 @@ is computed within a round, from runs minutes apart, and the report gives the me
 range. Results: a table on stdout and runs/bench/latest.json.
 The Horovod examples also run at 2 ranks under mpiexec (MPI moves their gradients instead of gloo), and one
 all-reduce of the gradients' size is timed alone by each way the examples move them (`allreduce` in the JSON).
-    python utils/tools/bench.py          # full: 3 rounds of 4 epochs x 40 steps per run (about 20 minutes)
-    python utils/tools/bench.py --quick  # short: 1 round of 3 epochs x 8 steps, 2 overhead pairs (in the tests)
-    python utils/tools/bench.py --only deepspeed --zero-stage 0
+    python tools/bench.py          # full: 3 rounds of 4 epochs x 40 steps per run (about 20 minutes)
+    python tools/bench.py --quick  # short: 1 round of 3 epochs x 8 steps, 2 overhead pairs (in the tests)
+    python tools/bench.py --only deepspeed --zero-stage 0
                                      # one example, every run of it with flags of its own (not those the
                                      # bench sets: --epochs --max-steps --batch-size --num-threads ...)
-    python utils/tools/bench.py --only deepspeed --zero-stage 2 --versus='--zero-stage 0'
+    python tools/bench.py --only deepspeed --zero-stage 2 --versus='--zero-stage 0'
                                      # A/B: every round also runs the example with the other flags (the two
                                      # take turns going first); speed-ups and overheads of the two side by side
-    python utils/tools/bench.py --overhead deepspeed [--zero-stage 0 | --deepspeed_config FILE ...]
+    python tools/bench.py --overhead deepspeed [--zero-stage 0 | --deepspeed_config FILE ...]
                                      # one example's overhead alone; flags after it go to the example
-    python utils/tools/bench.py --phases [--only ddp ...]
+    python tools/bench.py --phases [--only ddp ...]
                                      # where a PyTorch example's step goes: its own training loop, run
-                                     # unchanged under utils/tools/phases.py at 1 and 2 ranks, timed phase by
+                                     # unchanged under tools/phases.py at 1 and 2 ranks, timed phase by
                                      # phase (forward, backward, waiting for the all-reduce, optimizer); only
                                      # this, written to runs/bench/phases.json
 The modules beside this one: bench_runs.py (the runs), bench_cpu.py (CPU by thread), bench_overhead.py,
@@ -81,7 +81,7 @@ def parse_args(argv=None):
                         help="the overhead's example and bare loop take turns every this many steps")
     parser.add_argument("--phases", action="store_true",
                         help="only time the PyTorch examples' own steps phase by phase at 1 and 2 ranks "
-                             "(utils/tools/phases.py), written to runs/bench/phases.json unless --out")
+                             "(tools/phases.py), written to runs/bench/phases.json unless --out")
     parser.add_argument("--overhead", choices=list(BENCHED), help=argparse.SUPPRESS)
     # Flags the bench does not know go to the example, in every run of it (`--only deepspeed --zero-stage 0`): one
     # example at a time, and never the flags the bench sets itself, so that every run stays comparable.

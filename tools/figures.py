@@ -4,12 +4,12 @@
 The course notes' figures in assets/ (tracked by git) change only when asked: `--out assets` (`make figures
 OUT=assets`).
 
-    python utils/tools/figures.py                       # all three on this machine (~10 min on 2 CPU cores)
-    python utils/tools/figures.py --out assets          # the same, replacing the notes' figures in assets/
-    python utils/tools/figures.py scaling --ranks 1 2   # weak + strong scaling and the batch-size sweep
-    python utils/tools/figures.py lr                    # large-batch LR lesson: 8, 32, 128, 256 emulated workers
-    python utils/tools/figures.py diagrams              # data vs model parallelism, gradient averaging
-    python utils/tools/figures.py scaling --from-logs runs/polaris/ddp-scale/<job id>   # an ALCF sweep's logs
+    python tools/figures.py                       # all three on this machine (~10 min on 2 CPU cores)
+    python tools/figures.py --out assets          # the same, replacing the notes' figures in assets/
+    python tools/figures.py scaling --ranks 1 2   # weak + strong scaling and the batch-size sweep
+    python tools/figures.py lr                    # large-batch LR lesson: 8, 32, 128, 256 emulated workers
+    python tools/figures.py diagrams              # data vs model parallelism, gradient averaging
+    python tools/figures.py scaling --from-logs runs/polaris/ddp-scale/<job id>   # an ALCF sweep's logs
 
 Every run is a real DDP/main.py under torchrun, one thread per rank, logging into runs/figures/<study>/<run>/
 (metrics.jsonl, as every example writes); `--replot` draws again from those logs without training.

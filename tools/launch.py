@@ -13,16 +13,16 @@ from pathlib import Path
 
 from utils.dist import LOOPBACK, free_port
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _read_examples():
-    rows = (line.split("\t") for line in (ROOT / "utils" / "tools" / "examples.tsv").read_text().splitlines()
+    rows = (line.split("\t") for line in (ROOT / "tools" / "examples.tsv").read_text().splitlines()
             if line.strip() and not line.startswith("#"))
     return {name.strip(): script.strip() for name, script in rows}
 
 
-EXAMPLES = _read_examples()  # name: script, relative to the repository root (utils/tools/examples.tsv)
+EXAMPLES = _read_examples()  # name: script, relative to the repository root (tools/examples.tsv)
 LAUNCHERS = ("python", "torchrun", "mpiexec", "horovodrun", "horovodrun-mpi", "deepspeed")
 
 
@@ -37,7 +37,7 @@ def launch_command(example, nproc=1, launcher="torchrun", args=(), *, port=None,
 
     example: an EXAMPLES name or a script path; args: the example's own flags; port: the rendezvous port
     (default: a free one); wrapper: a script that runs in front of the example in every rank (it gets the
-    example's path as its first argument: utils/tools/phases.py); bin_dir: where the launchers are (default:
+    example's path as its first argument: tools/phases.py); bin_dir: where the launchers are (default:
     beside this Python, i.e. the venv's bin); launcher_flags: extra flags for the launcher itself.
     """
     if launcher not in LAUNCHERS:
@@ -91,7 +91,7 @@ def simulated_nodes(example, nnodes, nproc_per_node, launcher="torchrun", args=(
     raise ValueError(f"simulated nodes are started by torchrun or mpiexec, not {launcher!r}")
 
 
-# The ports a launch meets: utils/tools/soak.py --port-pressure and its control.
+# The ports a launch meets: tools/soak.py --port-pressure and its control.
 @contextlib.contextmanager
 def port_pressure(held=7000):
     """Meanwhile keep `held` listening sockets on ports the kernel picks (bind to port 0), dropping the

@@ -2,17 +2,17 @@
 """The yardstick of the examples' *overhead*: their model, optimizer and data in a plain training loop, one
 process, no distributed framework (no DDP wrapper, no Horovod, no DeepSpeed engine).
 
-    PHASES_OUT=PREFIX python utils/tools/bare_loop.py --epochs 3 --max-steps 40 [--optimizer adam]
-    python utils/tools/bare_loop.py --framework tf --epochs 2 --max-steps 40 --log-dir DIR
+    PHASES_OUT=PREFIX python tools/bare_loop.py --epochs 3 --max-steps 40 [--optimizer adam]
+    python tools/bare_loop.py --framework tf --epochs 2 --max-steps 40 --log-dir DIR
 
 PyTorch: the CNN of utils/torch_utils.py (Net) on the training digits, batches from a DataLoader over the
 preloaded tensors with a DistributedSampler of one replica (the examples' data path), SGD with momentum or Adam
 (`--adam-config`: a DeepSpeed config whose optimizer params, betas/eps/weight_decay, it copies). Each step is
-timed by utils/tools/phases.py's timers, the same that time an example's step, and the records go to
+timed by tools/phases.py's timers, the same that time an example's step, and the records go to
 $PHASES_OUT-rank0.json as phases.py writes them; with $PHASES_TURNS it takes turns with the example step by step.
 TensorFlow: the Keras CNN of utils/tf_utils.py with SGD in a tf.function step on batches sliced from the
 preloaded arrays; samples/s per epoch go to DIR/metrics.jsonl, as the examples write them.
-`python utils/tools/bench.py` starts it (bench_overhead.py); it needs no launcher.
+`python tools/bench.py` starts it (bench_overhead.py); it needs no launcher.
 """
 import argparse
 import json
@@ -22,7 +22,7 @@ import time
 from itertools import islice
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 sys.path.append(str(ROOT))  # after site-packages: our horovod/ and deepspeed/ folders never shadow the libraries
 
 
@@ -49,7 +49,7 @@ def torch_loop(args):
     from utils.torch_utils import Net
     out = os.environ.get("PHASES_OUT")
     if not out:
-        sys.exit("usage: PHASES_OUT=PREFIX python utils/tools/bare_loop.py [flags]")
+        sys.exit("usage: PHASES_OUT=PREFIX python tools/bare_loop.py [flags]")
     torch.set_num_threads(args.num_threads)
     x, y = train_arrays(args.data_dir)
     dataset = TensorDataset(torch.from_numpy(x).unsqueeze(1), torch.from_numpy(y))

@@ -85,7 +85,7 @@ def print_table(report):
           + (f"; the example ran with {' '.join(report['example_args'])}" if report.get("example_args") else ""))
     for line in lines:
         print("  ".join(f"{c:>{19 if i in (0, 3, 6) else 10}}" for i, c in enumerate(line)))
-    print("(overhead: the example's own step at 1 rank against the bare loop's, utils/tools/bare_loop.py, in pairs "
+    print("(overhead: the example's own step at 1 rank against the bare loop's, tools/bare_loop.py, in pairs "
           "of processes taking turns step by step; TensorFlow: samples/s, runs one after the other)")
     knobs = [r for r in report["examples"] if "knob_speedup" in r]
     if knobs:

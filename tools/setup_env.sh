@@ -3,7 +3,7 @@
 #
 #   1. create .venv (Python 3.11)
 #   2. pip install -r requirements.txt (+ requirements-nodeps.txt with --no-deps)
-#   3. build Horovod 0.28.1 from its sdist with our patch (utils/tools/horovod/), or reuse the cached wheel
+#   3. build Horovod 0.28.1 from its sdist with our patch (tools/horovod/), or reuse the cached wheel
 #   4. point DeepSpeed's JIT op cache (TORCH_EXTENSIONS_DIR) outside the checkout
 #
 # A second run only checks stamps and takes seconds. Rebuilds happen when requirements, the torch/TF
@@ -13,12 +13,12 @@
 # on Polaris and Sophia), and a venv with the PyPI mpich wheel would shadow them. See README.md ("On ALCF machines").
 set -euo pipefail
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${VENV:-$ROOT/.venv}"
 PYTHON="${PYTHON:-python3}"
 CACHE="${SCALING_DL_CACHE:-$HOME/.cache/scaling-dl}"
 HOROVOD_VERSION=0.28.1
-PATCH="$ROOT/utils/tools/horovod/horovod-$HOROVOD_VERSION.patch"
+PATCH="$ROOT/tools/horovod/horovod-$HOROVOD_VERSION.patch"
 
 CURRENT_STEP="start"
 step() { CURRENT_STEP="$1"; printf '\n==> [setup %s] %s\n' "$1" "$2"; }

@@ -1,5 +1,5 @@
 """The examples' *overhead*: how much slower an example's own training step is, at one rank, than a bare loop's
-(utils/tools/bare_loop.py: the same model, optimizer and data in a plain loop, no framework). Both run as
+(tools/bare_loop.py: the same model, optimizer and data in a plain loop, no framework). Both run as
 programs; nothing of the example is imported.
 
 --pairs times, each time in two fresh processes (a process's own speed differs from the next one's: its memory

@@ -1,10 +1,10 @@
 #!/usr/bin/env python
 """Run one short 2-rank example many times and count how each run ended: a flake is a rate, not an anecdote.
 
-    python utils/tools/soak.py --runs 50                                  # DDP under torchrun
-    python utils/tools/soak.py --runs 50 --example deepspeed --launcher deepspeed
-    python utils/tools/soak.py --runs 50 --launcher mpiexec -- --epochs 1 --max-steps 3
-    python utils/tools/soak.py --runs 50 --launcher mpiexec --port-pressure -- --epochs 1 --max-steps 2 \
+    python tools/soak.py --runs 50                                  # DDP under torchrun
+    python tools/soak.py --runs 50 --example deepspeed --launcher deepspeed
+    python tools/soak.py --runs 50 --launcher mpiexec -- --epochs 1 --max-steps 3
+    python tools/soak.py --runs 50 --launcher mpiexec --port-pressure -- --epochs 1 --max-steps 2 \
         --dist-timeout 10              # MASTER_PORT while other programs take kernel-picked ports
 
 Each run must exit 0 and print nothing on stderr that marks a crash (an abort in a library's threads after a
@@ -20,9 +20,9 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.append(str(Path(__file__).resolve().parents[2]))  # the repo root, after site-packages
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # the repo root, after site-packages
+from tools.launch import EXAMPLES, LAUNCHERS, kernel_port, launch_command, port_pressure
 from utils.dist import free_port
-from utils.tools.launch import EXAMPLES, LAUNCHERS, kernel_port, launch_command, port_pressure
 
 # Lines that mark a crash even when the exit code is 0 (a rank's teardown can abort after its summary).
 CRASH_MARKS = ("cannot listen on MASTER_PORT", "terminate called", "Traceback (most recent call last)",

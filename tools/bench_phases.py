@@ -1,5 +1,5 @@
 """`bench.py --phases`: the PyTorch examples' own steps at 1 and 2 ranks, phase by phase. Each example runs
-unchanged under utils/tools/phases.py (the wrapper in front of it in every rank, through launch_command), which
+unchanged under tools/phases.py (the wrapper in front of it in every rank, through launch_command), which
 times the calls a step is made of from outside.
 
 The breakdown (bench_wire.py) runs its phases one after another; in the examples communication overlaps backward

@@ -1,9 +1,9 @@
 #!/usr/bin/env python
 """The bench's two measurements of communication apart from the examples, each run as its own 2-rank program
-(through utils.tools.launch.launch_command):
+(through tools.launch.launch_command):
 
-    torchrun --nproc_per_node 2 utils/tools/bench_wire.py breakdown --steps 80 --batch-size 64
-    mpiexec -n 2 python utils/tools/bench_wire.py allreduce mpi4py --reps 50     (torch-gloo | horovod | mpi4py)
+    torchrun --nproc_per_node 2 tools/bench_wire.py breakdown --steps 80 --batch-size 64
+    mpiexec -n 2 python tools/bench_wire.py allreduce mpi4py --reps 50     (torch-gloo | horovod | mpi4py)
 
 breakdown: rank 0's DDP-style step, phase by phase, one after another (no overlap): the next batch from a
 DataLoader + DistributedSampler over the preloaded tensors (the examples' data path), forward+backward, one

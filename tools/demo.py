@@ -2,8 +2,8 @@
 """make demo: every example on 2 CPU ranks over real MNIST digits, through its real launchers, then a table.
 
 Each run writes its own log dir under runs/demo/; the table is also saved as runs/demo/results.json.
-    python utils/tools/demo.py                 # all examples, default flags (2 epochs)
-    python utils/tools/demo.py --epochs 1 --only ddp
+    python tools/demo.py                 # all examples, default flags (2 epochs)
+    python tools/demo.py --epochs 1 --only ddp
 """
 import argparse
 import json
@@ -13,12 +13,12 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 sys.path.append(str(ROOT))  # after site-packages: our horovod/ and deepspeed/ folders never shadow the libraries
-from utils.tools.launch import launch_command  # the one module that knows launchers
+from tools.launch import launch_command  # the one module that knows launchers
 
-# (name, framework, launcher as shown, example (utils.tools.launch.EXAMPLES), launcher (utils.tools.launch.LAUNCHERS)),
+# (name, framework, launcher as shown, example (tools.launch.EXAMPLES), launcher (tools.launch.LAUNCHERS)),
 # 2 ranks each
 RUNS = [
     ("ddp-torchrun", "PyTorch DDP", "torchrun", "ddp", "torchrun"),

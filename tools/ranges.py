@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """The course path's final accuracies as ranges: each step's command over seeds and CPU kernel sets.
 
-    python utils/tools/ranges.py                       # every step, seeds 42 and 1, three CPU kernel sets
-    python utils/tools/ranges.py --only ddp tp --seeds 42 1 2
+    python tools/ranges.py                       # every step, seeds 42 and 1, three CPU kernel sets
+    python tools/ranges.py --only ddp tp --seeds 42 1 2
 
 One machine's digits are not another's: the last digits of a loss or an accuracy follow the CPU's
 floating-point kernels and the seed. PyTorch picks its kernels by the CPU's instruction set (AVX-512, AVX2, ...);
@@ -20,8 +20,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.append(str(Path(__file__).resolve().parents[2]))  # the repo root, after site-packages
-from utils.tools.launch import launch_command
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # the repo root, after site-packages
+from tools.launch import launch_command
 
 # name: (example, launcher, ranks, flags) -- the course path's commands (README.md), with their defaults
 STEPS = {

@@ -2,13 +2,13 @@
 # Submit submissions/slurm/train.sh many times to the Slurm cluster on this machine (make slurm-up) and count how
 # each job ended: a flake of a job's start is a rate, not an anecdote. Not part of make test.
 #
-#   bash utils/tools/soak_slurm.sh 50                     # DDP, 2 nodes x 1 rank, 2 steps each
-#   NODES=1 PER_NODE=2 EXAMPLE=horovod-pytorch bash utils/tools/soak_slurm.sh 20
+#   bash tools/soak_slurm.sh 50                     # DDP, 2 nodes x 1 rank, 2 steps each
+#   NODES=1 PER_NODE=2 EXAMPLE=horovod-pytorch bash tools/soak_slurm.sh 20
 #
 # A job counts as bad when it does not end COMPLETED with exit 0:0, or when its output holds a traceback or an
 # abort. The output of each bad job stays in the soak's folder. Exit 1 when any job ended badly.
 set -euo pipefail
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 RUNS=${1:-50}
 NODES=${NODES:-2}
 PER_NODE=${PER_NODE:-1}

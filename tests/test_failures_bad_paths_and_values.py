@@ -8,7 +8,6 @@ import re
 
 import pytest
 
-from failures_support import run_rows, tiny  # noqa: F401  (a fixture)
 from support import (
     DDP,
     DS,
@@ -25,6 +24,7 @@ from support import (
     horovodrun,
     mpiexec,
     run,
+    run_rows,
     torchrun,
 )
 

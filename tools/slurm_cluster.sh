@@ -2,9 +2,9 @@
 # A real Slurm cluster on this one machine, for running submissions/slurm/*.sh as real jobs:
 # munged, slurmctld and two slurmd daemons (nodes n1 and n2, both this host, 2 CPUs each).
 #
-#   bash utils/tools/slurm_cluster.sh up       # install Slurm + munge if missing (root, apt-get), start, wait
-#   bash utils/tools/slurm_cluster.sh status   # which daemons run, sinfo; exit 0 only when all run
-#   bash utils/tools/slurm_cluster.sh down     # stop exactly the daemons `up` started (by their pid files)
+#   bash tools/slurm_cluster.sh up       # install Slurm + munge if missing (root, apt-get), start, wait
+#   bash tools/slurm_cluster.sh status   # which daemons run, sinfo; exit 0 only when all run
+#   bash tools/slurm_cluster.sh down     # stop exactly the daemons `up` started (by their pid files)
 #
 # Everything it writes (slurm.conf, munge key and socket, state, spool, logs, pid files) stays in
 # SLURM_CLUSTER_DIR (default /tmp/scaling-dl-slurm); nothing in /etc changes except one /etc/hosts line
@@ -81,7 +81,7 @@ write_config() {
   host=$(hostname -s)
   mkdir -p "$DIR"/{state,spool,log,run}
   {
-    echo "# Written by utils/tools/slurm_cluster.sh: two nodes on one host ($host), everything under $DIR."
+    echo "# Written by tools/slurm_cluster.sh: two nodes on one host ($host), everything under $DIR."
     echo "ClusterName=scalingdl"
     echo "SlurmctldHost=$host(127.0.0.1)"
     echo "SlurmctldPort=$PORT"

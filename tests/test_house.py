@@ -1,0 +1,102 @@
+"""Where things live: utils/ holds only what the lessons import, with no import cycle among its modules; the
+maintainers' tools live in tools/; a checkpoint's folder is decided in one place; --backend is checked by one
+function. Each rule reads the code itself (imports are read with ast, every `import`, at any depth)."""
+import ast
+import sys
+from pathlib import Path
+
+from support import EXAMPLES, ROOT, run
+
+UTILS = {p.stem: p for p in (ROOT / "utils").glob("*.py")}  # "__init__": what `import utils` runs
+# The lessons: every example, the modules beside them that they import, and the diagnose/ chapter's scripts
+LESSONS = sorted({ROOT / s for s in EXAMPLES.values()} | set((ROOT / "model_parallel").glob("*.py"))
+                 | set((ROOT / "zero").glob("*.py")) | set((ROOT / "diagnose").glob("*.py")))
+
+
+def imported(path):
+    """The top-level names and `utils.X` modules `path` imports, anywhere in the file."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            if node.module == "utils":  # from utils import data, log
+                names |= {f"utils.{alias.name}" for alias in node.names}
+    return names
+
+
+def utils_modules(path):
+    names = imported(path)
+    package = {"__init__"} if any(n == "utils" or n.startswith("utils.") for n in names) else set()
+    return ({n.split(".")[1] for n in names if n.startswith("utils.")} & set(UTILS)) | package
+
+
+def test_utils_modules_import_each_other_without_a_cycle():
+    # (a module of the package always runs utils/__init__.py first: that edge is not a cycle)
+    graph = {name: utils_modules(path) - {name, "__init__"} for name, path in UTILS.items()}
+    done, cycles = set(), []
+
+    def visit(name, stack):
+        for dep in sorted(graph[name]):
+            if dep in stack:
+                cycles.append(stack[stack.index(dep):] + [dep])
+            elif dep not in done:
+                visit(dep, stack + [dep])
+        done.add(name)
+
+    for name in sorted(graph):
+        visit(name, [name])
+    assert not cycles, f"import cycles in utils/: {cycles}"
+
+
+def test_the_cycle_rule_sees_an_import_inside_a_function(tmp_path):
+    # the rule must read function-level imports too: a cycle hidden in a function is a cycle
+    module = tmp_path / "m.py"
+    module.write_text("def f():\n    from utils.log import info\n")
+    assert utils_modules(module) == {"__init__", "log"}
+
+
+def test_utils_holds_only_what_the_lessons_import():
+    reached, todo = set(), [m for lesson in LESSONS for m in utils_modules(lesson)]
+    while todo:
+        name = todo.pop()
+        if name not in reached:
+            reached.add(name)
+            todo += utils_modules(UTILS[name])
+    assert set(UTILS) - reached == set(), "utils/ modules no lesson imports (tools belong in tools/)"
+    assert not (ROOT / "utils" / "tools").exists(), "the maintainers' tools live in tools/, not under utils/"
+
+
+def test_no_lesson_and_no_utils_module_imports_the_tools():
+    users = [str(p.relative_to(ROOT)) for p in [*LESSONS, *UTILS.values()]
+             if any(name == "tools" or name.startswith("tools.") for name in imported(p))]
+    # zero/report.py launches zero/main.py once per variant: a driver, and launchers are known in one place
+    assert users == ["zero/report.py"], users
+
+
+def test_one_rule_says_where_a_checkpoint_lives():
+    """utils/runfiles.py's checkpoint_folder: no lesson spells out <log dir>/checkpoints itself."""
+    spelled = [str(p.relative_to(ROOT)) for p in [*LESSONS, *UTILS.values()] if '"checkpoints"' in p.read_text()]
+    assert spelled == ["utils/runfiles.py"], spelled
+    sys.path.append(str(ROOT))
+    from utils.runfiles import checkpoint_folder
+    assert checkpoint_folder(None, "runs/x") == Path("runs/x/checkpoints")
+    assert checkpoint_folder("/ckpt", "runs/x") == Path("/ckpt")
+    assert checkpoint_folder(None, None) is None
+
+
+def test_the_backend_is_checked_by_one_function_before_and_after_the_device_is_picked():
+    """parse() (with --device) and pick_backend() (with the rank's device) say the same line: both are
+    utils/dist.py's backend_problem. --device cpu with --backend nccl is impossible on every machine."""
+    code = (
+        "import sys; sys.path.append(sys.argv[1]); import torch\n"
+        "from utils.dist import backend_problem\n"
+        "from utils.parse_args import get_parser, parse\n"
+        "print(backend_problem('nccl', 'cpu'), flush=True)\n"
+        "parse(get_parser('x'), ['--backend', 'nccl', '--device', 'cpu'])\n"
+    )
+    result = run([sys.executable, "-c", code, ROOT], timeout=120)
+    expected = result.stdout.strip().splitlines()[0]
+    assert expected.startswith("--backend nccl connects cuda devices, not cpu"), result.stdout
+    assert result.returncode == 2 and f"error: {expected}" in result.stderr, result.stderr

@@ -1,0 +1,197 @@
+"""Course plumbing: every way a run can go wrong ends in one line on stderr, not a traceback
+(run_main). The lessons teach nothing here; a lesson copied without it still runs, with Python's
+own tracebacks.
+
+The line names the rank, where it was (utils/log.py's position: epoch and step), and for a stop or
+a lost peer what to do next: the last good checkpoint (utils/runfiles.py), or how to find a hung
+rank (diagnose/hangs.md).
+"""
+import atexit
+import os
+import sys
+import time
+
+from utils.errors import UserError, fail, say
+from utils.log import _rank, position
+from utils.runfiles import (
+    checkpoint_folder,
+    chosen_log_dir,
+    epochs_done,
+    has_checkpoint,
+    remove_debris,
+)
+
+_ARGS = []  # the run's parsed flags (parse_args.parse notes them): --log-dir, --dist-timeout
+
+
+def note_args(args):
+    _ARGS[:] = [args]
+
+
+# What the frameworks raise on a rank whose peer died or stopped answering: torch.distributed's
+# Dist*Error classes, Horovod's HorovodInternalError, and plain RuntimeErrors (or TensorFlow errors)
+# from gloo/Horovod.
+PEER_ERROR_TYPES = ("DistError", "DistBackendError", "DistNetworkError", "DistStoreError",
+                    "HorovodInternalError")
+PEER_ERROR_TEXTS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
+                    "Timed out waiting", "timed out", "Horovod has been shut down", "gloo")
+TIMEOUT_TEXTS = ("Timed out", "timed out", "Timeout", "timeout")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HANGS_PAGE = "diagnose/hangs.md"
+
+
+def is_peer_failure(exc):
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    return bool(names & set(PEER_ERROR_TYPES)) or any(text in str(exc) for text in PEER_ERROR_TEXTS)
+
+
+def _where():
+    p = position()
+    if not p:
+        return "before any training step it reported"
+    return f"in epoch {p['epoch']} after step {p['step']}/{p['total']}"
+
+
+def _last_checkpoint():
+    """(the newest complete checkpoint as 'DIR (epoch N)' or None, the log dir)."""
+    args = _ARGS[0] if _ARGS else None
+    log_dir = getattr(args, "log_dir", None) or chosen_log_dir()
+    folder = checkpoint_folder(getattr(args, "checkpoint_dir", None), log_dir)
+    if not folder or not has_checkpoint(folder):
+        return None, log_dir
+    done = epochs_done(log_dir)
+    return f"{folder}" + (f" (epoch {done})" if done else ""), log_dir
+
+
+def _stopped_line(signum):
+    import signal
+
+    checkpoint, log_dir = _last_checkpoint()
+    rerun = "rerun with --resume auto" + (f" --log-dir {log_dir}" if log_dir else "")
+    kept = (f"last good checkpoint: {checkpoint}; {rerun} to continue from it" if checkpoint else
+            "no checkpoint written yet: a rerun starts at epoch 1")
+    return f"rank {_rank()} stopped by {signal.Signals(signum).name} {_where()}: {kept}"
+
+
+def _frames(exc):
+    import traceback
+    return traceback.extract_tb(exc.__traceback__)
+
+
+def _waited_where(exc):
+    """('all_reduce', 'DDP/main.py:152') for the collective that failed and the course's line that
+    called it."""
+    frames = _frames(exc)
+    # (a virtual environment may live inside the checkout)
+    ours = [i for i, f in enumerate(frames) if os.path.abspath(f.filename).startswith(ROOT + os.sep)
+            and "site-packages" not in f.filename]
+    if not ours:
+        return None, None
+    mine = frames[ours[-1]]
+    below = frames[ours[-1] + 1:]
+    dist_calls = [f.name for f in below if "distributed" in f.filename or "horovod" in f.filename]
+    what = next((name for name in dist_calls if not name.startswith("_") and name != "wrapper"),
+                below[0].name if below else mine.line.split("(")[0].strip())
+    return what, f"{os.path.relpath(mine.filename, ROOT)}:{mine.lineno}"
+
+
+def _peer_line(exc):
+    if "EADDRINUSE" in str(exc) or "address already in use" in str(exc).lower():
+        port = os.environ.get("MASTER_PORT", "?")
+        return (f"rank {_rank()} cannot listen on MASTER_PORT {port}: address already in use "
+                "(another run or connection on this node holds it); "
+                "set MASTER_PORT to a free port")
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
+    peer_line = next((line for line in lines if any(text in line for text in PEER_ERROR_TEXTS)),
+                     lines[0])
+    detail = next((line for line in lines if "monitoredBarrier" in line), peer_line)[:240]
+    what, where = _waited_where(exc)
+    call = f"in {what} at {where} " if where else ""
+    rank = _rank()
+    timeout = getattr(_ARGS[0] if _ARGS else None, "dist_timeout", None)
+    # Horovod reports a gloo timeout only as "Horovod has been shut down": the time since the last
+    # step says it
+    at = position().get("at")
+    since = time.monotonic() - at if at else 0
+    if any(text in str(exc) for text in TIMEOUT_TEXTS) or (timeout and since >= 0.9 * timeout):
+        import re
+        ms = re.search(r"(\d+)\s*ms", str(exc))
+        waited = (f"{int(ms.group(1)) / 1000:g} s" if ms else f"{since:.0f} s" if since else
+                  f"{timeout} s (--dist-timeout)" if timeout else "")
+        # gloo names the rank
+        absent = re.search(r"Rank (\d+) failed to pass monitoredBarrier", str(exc))
+        who = (f"rank {absent.group(1)}, which never arrived" if absent else
+               "a rank that never joined it")
+        return (f"rank {rank} waited {waited} {call}{_where()} for {who} "
+                f"(hung, stopped or elsewhere); "
+                f"next: while it hangs, `python diagnose/stacks.py` shows where every rank is "
+                f"({HANGS_PAGE}) [{detail}]")
+    return (f"rank {rank} lost contact with another rank {call}{_where()} (it died, or hung past "
+            f"the collective timeout): {detail}")
+
+
+def run_main(main):
+    """Call main(), and end every way it can go wrong in one line on stderr instead of a traceback:
+
+    - a UserError (bad input): one line, exit 2;
+    - SIGINT or SIGTERM (Ctrl-C, a scheduler's walltime): where it stopped, the last good
+      checkpoint and how to continue; exit 130 or 143 (utils/interrupts.py);
+    - a lost peer (a rank that died, or hung past the collective timeout): which rank waited, in
+      which collective at which line, in which epoch and step, and what to do next; exit 1.
+
+    A finished main() leaves through _leave_finished(): exit 0 without the interpreter's
+    finalization (why: its docstring).
+
+    A run that fails before its first result removes the folders it created. Under torchrun the
+    line also goes into the worker's error file, so torchrun's report names it as the cause. A bug
+    keeps its traceback.
+    """
+    from utils import interrupts
+    interrupts.install()
+    try:
+        main()
+        _leave_finished()
+    except SystemExit as exc:
+        if exc.code not in (0, None):
+            remove_debris()
+        raise
+    except BaseException as exc:
+        # A signal from here on (the launcher's SIGTERM after a peer died) is noted, not raised.
+        signum = interrupts.ending()
+        if signum is None and isinstance(exc, KeyboardInterrupt):
+            signum = 2
+        # stopped on purpose; a peer error after it is the same stop seen later
+        if signum is not None:
+            _quit(_stopped_line(signum), interrupts.exit_code(signum), prefix="stopped")
+        remove_debris()
+        if isinstance(exc, UserError):
+            fail(str(exc))
+        if not is_peer_failure(exc):
+            import traceback
+
+            from utils.errors import record_for_torchrun
+            # torchrun's report shows it (as @record would)
+            record_for_torchrun(traceback.format_exc())
+            raise  # a bug: keep the traceback
+        _quit(_peer_line(exc), 1)
+
+
+def _leave_finished():
+    """Exit 0 after the exit handlers (Horovod's shutdown, mpi4py's MPI_Finalize, the TensorBoard
+    file's close), without the interpreter's finalization. destroy_process_group() only unregisters
+    the process group: the wrapped model (DDP's reducer, DeepSpeed's engine, FSDP2's mesh) still
+    holds it, and with it gloo's threads. Finalization would tear those down in no fixed order,
+    which can abort a rank after its summary ("terminate called without an active exception")."""
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _quit(line, code, prefix="error"):
+    """One line, then out at once: a rank whose peers are gone must not wait in the libraries' exit
+    hooks."""
+    remove_debris()
+    sys.stdout.flush()
+    say(line, prefix)
+    os._exit(code)
