@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from jobs_support import expected_launch, launches
-from support import BIN, ROOT, check, free_port, metrics, run, summary
+from support import BIN, ROOT, check, free_port, metrics, run, stopped_epoch, summary
 
 CLUSTER = ROOT / "tools" / "slurm_cluster.sh"
 SLURM = ROOT / "submissions" / "slurm"
@@ -244,3 +244,48 @@ def test_the_laptop_venv_is_still_refused_under_slurm(slurm, frameworks, tmp_pat
     errors = [line for line in out.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and ".venv" in errors[0] and "slurm" in errors[0], out
     assert not launches(out, "slurm") and not (tmp_path / "runs").exists()
+
+
+# Walltime under a real scheduler: `scancel --signal=TERM` of a running Slurm job
+# (submissions/slurm/train.sh, DDP, 2 ranks) sends SIGTERM to its job step, as `sbatch
+# --signal=TERM@<seconds>` does before the walltime; every rank says where it stopped and which
+# checkpoint to continue from, in one line, and the job ends. (A plain `scancel` also signals the
+# batch script, which passes the signal on to srun while its `tee` ignores it and keeps copying:
+# tests/test_jobs_local.py checks that path with the workstation script.)
+def test_scancel_stops_every_rank_in_one_line(slurm, frameworks, tmp_path):
+    env = job_env(slurm, frameworks, tmp_path / "runs")
+    job_id = submit(
+        env,
+        SLURM / "train.sh",  # EXAMPLE unset: DDP
+        1,
+        2,
+        tmp_path,
+        ["--epochs", "50", "--max-steps", "20", "--log-interval", "5"],
+    )
+    deadline = time.monotonic() + 300
+    out_file = None
+    while time.monotonic() < deadline:
+        out_file = next(tmp_path.glob(f"*-{job_id}.out"), None)
+        if out_file and "epoch 2 step 10/" in Path(out_file).read_text():
+            break
+        time.sleep(1)
+    else:
+        run(["scancel", job_id], env=env, timeout=30)
+        shown = Path(out_file).read_text()[-3000:] if out_file else ""
+        raise AssertionError(f"job {job_id} never reached epoch 2:\n{shown}")
+    run(["scancel", "--signal=TERM", job_id], env=env, timeout=30)
+    fields = wait(env, job_id, timeout=120)
+    text = output(fields)
+    stopped = [
+        line
+        for line in text.splitlines()
+        if re.search(r"stopped: rank \d stopped by SIGTERM", line)
+    ]
+    print(f"\n[scancel] job {job_id}: {fields['JobState']}\n" + "\n".join(stopped))
+    assert fields["JobState"] in ("FAILED", "CANCELLED"), fields  # ended, not left running
+    assert sorted(re.search(r"rank (\d)", line).group(1) for line in stopped) == ["0", "1"], text[
+        -3000:
+    ]
+    # Stopped in epoch 2 or later (the poll is once a second): the checkpoint named is the epoch before.
+    assert all(stopped_epoch(line, "SIGTERM") >= 2 for line in stopped), stopped
+    assert "Traceback" not in text, text[-3000:]
