@@ -1,11 +1,13 @@
 # shellcheck shell=bash
 # What the job scripts share and nobody needs to read to submit one: the dry run, the examples'
 # table, a log folder per run, the laptop-.venv check, the end-of-job report. Sourced by
-# submissions/*/train.sh; machine facts (ranks per node, binding, launch line) stay there.
+# submissions/*/train.sh (a train.sh copied alone has a short stand-in of its own); machine facts
+# (ranks per node, binding, launch line) stay there.
 #
 #   step CMD...        print CMD, then run it in this shell (module, export); DRY_RUN=1: print only
-#   launch CMD...      print CMD, run it, copy its output to $RUN_DIR/output.log; DRY_RUN=1: print
-#   example_script X   the script of example X in utils/tools/examples.tsv (the one table)
+#   launch CMD...      check the files CMD names up to $SCRIPT exist, print CMD, run it, copy its
+#                      output to $RUN_DIR/output.log; DRY_RUN=1: check and print only
+#   example_script X   the script of example X in tools/examples.tsv (the one table)
 #   nodes_in FILE      hosts in a node file (one a line); a dry run without one: 1
 #   ranks_to_run N     N; with SWEEP=1 (scale.sh) 1 2 4 ... N, or SWEEP_RANKS
 #   new_run M N PPN    RUN_DIR=runs/M/<example>/<job id>.nN (a sweep: <example>-scale/<job id>/nN)
@@ -14,7 +16,7 @@
 
 set -eo pipefail
 REPO_DIR=$(cd "$REPO_DIR" && pwd -P)
-EXAMPLES_TSV=$REPO_DIR/utils/tools/examples.tsv
+EXAMPLES_TSV=$REPO_DIR/tools/examples.tsv
 RUN_DIRS=()
 if [[ "${DRY_RUN:-0}" == 1 ]]; then echo "dry run: nothing is executed"; fi
 
@@ -40,7 +42,15 @@ step() {
 # alone (run in the background, its own process group: Ctrl-C reaches it once); tee ignores it.
 stop() { kill -s "$1" "$(jobs -pr)" 2>/dev/null || true; wait; exit $((128 + $(kill -l "$1"))); }
 trap 'stop INT' INT; trap 'stop TERM' TERM
+# shellcheck disable=SC2153  # SCRIPT comes from the job script
 launch() {
+  local w
+  for w in "$@"; do  # the files it names up to the script (not the script's arguments) must exist
+    if [[ ("$w" == */* && "$w" != -*) || "$w" == "$SCRIPT" ]] && [[ ! -e "$w" ]]; then
+      fail "no such file: $w (named on the launch line)"
+    fi
+    if [[ "$w" == "$SCRIPT" ]]; then break; fi
+  done
   show "$(quote "$@")"
   if [[ "${DRY_RUN:-0}" == 1 ]]; then return 0; fi
   LAUNCHED=$RUN_WHAT

@@ -4,7 +4,8 @@ line.
 PBS and Slurm run a *copy* of the script from a spool folder, with the submission folder in
 PBS_O_WORKDIR or as the working directory; the scheduler's variables (a node file naming this host
 once per node, PBS_JOBID, SLURM_*) are set. Only what cannot exist here is simulated, by small
-programs first on PATH: `module` and `conda` (recorded, nothing done), `python` (this venv's,
+programs first on PATH: `module` and `conda` (recorded, nothing done), `scontrol show hostnames`
+(Slurm's node names), `python` (this venv's,
 standing in for the modules' one) and the machine's launcher (Cray PALS `mpiexec` on Aurora and
 Polaris, Open MPI `mpirun` on Sophia, `srun`), which checks its options against the allocation and
 then starts the ranks with the venv's real MPICH `mpiexec -n N`. Training and MPI are real; the
@@ -115,6 +116,11 @@ os.execv(REAL, [REAL, "-n", str(n), *cmd])
 RECORDER = """#!/bin/bash
 printf '%s\\n' "$(basename "$0") $*" >> "$SHIM_LOG"
 """
+# Slurm's `scontrol show hostnames n[1-2]`, as slurm/train.sh asks it for rank 0's host
+SCONTROL = """#!/bin/bash
+[[ "$1 $2 $3" == "show hostnames n[1-2]" ]] || { echo "scontrol (test stand-in): $*" >&2; exit 1; }
+printf 'n1\\nn2\\n'
+"""
 
 
 def write_exe(path, text):
@@ -130,6 +136,7 @@ def shim_dir(tmp_path):
         write_exe(bin_dir / name, launcher)
     for name in ("module", "conda"):
         write_exe(bin_dir / name, RECORDER)
+    write_exe(bin_dir / "scontrol", SCONTROL)
     write_exe(bin_dir / "python", f'#!/bin/bash\nexec {sys.executable} "$@"\n')
     return bin_dir
 
@@ -137,6 +144,7 @@ def shim_dir(tmp_path):
 # Settings a developer may have exported: cleared, so that the scripts' defaults are what is tested.
 SETTINGS = (
     "REPO_DIR",
+    "SCRIPT",
     "RUNS_DIR",
     "TRAIN_ARGS",
     "ENV_SETUP",
@@ -290,6 +298,7 @@ def expected_launch(
         "NRANKS": nranks,
         "PPN": ppn,
         "REPO_DIR": ROOT,
+        "AFFINITY_DIR": SUB / "polaris",  # Polaris' GPU wrapper: the repository's
         "SCRIPT": ROOT / EXAMPLES[example],
         **values,
     }
@@ -341,3 +350,28 @@ def sweep_points(total):
 
 def shim_launches(tmp_path):
     return [json.loads(c) for c in shim_calls(tmp_path) if c.startswith("[")]
+
+
+# A training script of an attendee's own: no course code, its rank and world size from the launcher
+# (MPICH's and Cray PALS' PMI_*, Open MPI's OMPI_COMM_WORLD_*, srun's SLURM_*).
+OWN_SCRIPT = """import os, sys
+sys.stdout.reconfigure(line_buffering=True, write_through=False)
+e = os.environ
+rank = e.get("PMI_RANK") or e.get("OMPI_COMM_WORLD_RANK") or e["SLURM_PROCID"]
+size = e.get("PMI_SIZE") or e.get("OMPI_COMM_WORLD_SIZE") or e["SLURM_NTASKS"]
+print(f"hello from rank {rank} of {size}", sys.argv[1:])
+"""
+
+
+def copied_alone(machine, tmp_path, wrapper=True):
+    """An attendee's project: `machine`'s train.sh copied alone beside a train.py of their own (and,
+    on Polaris, when `wrapper`, ALCF's GPU wrapper, as submissions/README.md's recipe says); no
+    repository above it."""
+    project = tmp_path / "project"
+    project.mkdir()
+    shutil.copy(SUB / machine / "train.sh", project / "train.sh")
+    (project / "train.py").write_text(OWN_SCRIPT)
+    if machine == "polaris" and wrapper:
+        shutil.copy(SUB / "polaris" / "set_affinity_gpu_polaris.sh", project)
+    assert not any((parent / "submissions" / "plumbing.sh").exists() for parent in project.parents)
+    return project

@@ -7,7 +7,7 @@ import signal
 import subprocess
 import time
 
-from jobs_support import EXAMPLES, QUICK, SUB, expected_launch, launches, printed
+from jobs_support import EXAMPLES, QUICK, SUB, copied_alone, expected_launch, launches, printed
 from support import BIN, ROOT, check, kill_tree, metrics, run
 
 PATH = "/usr/local/bin:/usr/bin:/bin"  # no .venv on PATH: the script activates it itself
@@ -25,6 +25,7 @@ def local_env(tmp_path, **settings):
         "SWEEP": "",
         "SWEEP_RANKS": "",
         "REPO_DIR": "",
+        "SCRIPT": "",
         "VENV": "",
     }
     env.update(settings)
@@ -96,6 +97,41 @@ def test_a_copy_runs_your_own_script_after_one_changed_line(tmp_path):
     (run_dir,) = (tmp_path / "runs" / "local" / "hello").iterdir()
     assert "hello from rank 0" in (run_dir / "output.log").read_text()
     assert "samples/s" not in result.stdout  # the metrics table is for the course's examples
+
+
+def test_train_sh_copied_alone_runs_your_script_on_2_ranks(tmp_path):
+    """local/train.sh copied alone into a project with a train.py of its own (no repository, no
+    plumbing.sh): SCRIPT= and VENV= (here the course's, for its mpiexec) are all it needs. The plan
+    names the project's train.py and nothing of the repository; the run starts both ranks, keeps
+    their output in the project's runs/, and ends without the course's report."""
+    project = copied_alone("local", tmp_path)
+    env = local_env(tmp_path, RUNS_DIR="", SCRIPT="train.py", VENV=str(ROOT / ".venv"))
+    cmd = ["bash", project / "train.sh", "--name", "x"]
+    out = check(run(cmd, env={**env, "DRY_RUN": "1"}, cwd=project, timeout=60)).stdout
+    (words,) = launches(out, "local")
+    assert words == ["mpiexec", "-n", "2", "python", "train.py", "--name", "x"], words
+    assert not [w for w in words if str(ROOT) in w]
+    assert printed(out)[0] == ["source", str(ROOT / ".venv" / "bin" / "activate")]
+    assert not (project / "runs").exists()
+    result = check(run(cmd, env=env, cwd=project, timeout=120))
+    hello = sorted(line for line in result.stdout.splitlines() if line.startswith("hello"))
+    assert hello == [f"hello from rank {r} of 2 ['--name', 'x']" for r in (0, 1)], result.stdout
+    (run_dir,) = (project / "runs" / "local" / "train").iterdir()
+    assert run_dir.name.endswith(".n2") and "hello from rank 0" in (run_dir / "output.log").read_text()
+    assert "samples/s" not in result.stdout and result.stderr == ""
+
+
+def test_train_sh_copied_alone_says_what_is_missing_in_one_line(tmp_path):
+    project = copied_alone("local", tmp_path)
+    env = local_env(tmp_path, DRY_RUN="1", VENV=str(ROOT / ".venv"))
+    for script, error in (
+        ("", "error: SCRIPT=/path/to/train.py is needed: no course repository here"),
+        ("trian.py", "error: no such file: trian.py (named on the launch line)"),
+    ):
+        result = run(["bash", project / "train.sh"], env={**env, "SCRIPT": script}, cwd=project,
+                     timeout=60)
+        assert result.returncode == 1 and result.stderr.splitlines() == [error]
+        assert not launches(result.stdout, "local")
 
 
 def test_sigterm_to_the_script_reaches_the_ranks_and_their_lines_reach_the_log(tmp_path):

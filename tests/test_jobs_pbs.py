@@ -1,5 +1,6 @@
 """submissions/{aurora,polaris,sophia}: every script under a simulated PBS at 1 and 2 nodes
-(tests/jobs_support.py).
+(tests/jobs_support.py); and each scheduler's train.sh copied alone into a project of its own
+(Slurm's under the same simulation).
 
 The dry run prints the plan; the real runs train on CPUs through the launcher's stand-in. Each
 printed launch line must be the one written in the script's text, with its variables' values."""
@@ -17,6 +18,7 @@ from jobs_support import (
     PBS,
     QUICK,
     SUB,
+    copied_alone,
     expected_launch,
     forwarded,
     job_command,
@@ -263,6 +265,88 @@ def test_polaris_nccl_settings_when_asked(tmp_path):
     (line,) = result.stderr.splitlines()
     assert line.startswith("error: no aws-ofi-nccl plugin in ") and str(tmp_path / "none") in line
     assert shim_launches(tmp_path) == []
+
+
+# --- train.sh copied alone into an attendee's project (submissions/README.md, Your own training script)
+def alone_job(machine, tmp_path, project, nodes=1, args=(), **settings):
+    """The copy submitted from its project folder: PBS_O_WORKDIR (and Slurm's working folder) is
+    the project, the scheduler runs a spool copy of it; no repository anywhere above them."""
+    env = scheduler_env(machine, tmp_path, nodes)
+    env.update(RUNS_DIR="", **settings)
+    if machine in PBS:
+        env["PBS_O_WORKDIR"] = str(project)
+    cmd = [*job_command(project / "train.sh", tmp_path), *args]
+    return run(cmd, env=env, cwd=project, timeout=120), env
+
+
+SCHEDULERS = (*PBS, "slurm")
+RPN = {**GPUS_PER_NODE, "slurm": 4}
+
+
+@pytest.mark.parametrize("machine", SCHEDULERS)
+def test_train_sh_copied_alone_plans_and_runs_your_script(tmp_path, machine):
+    """SCRIPT= names what runs; the plan's launch line is the script's own, with the project's
+    train.py (Polaris: and its GPU wrapper) and nothing of the repository; a real run (2 ranks on
+    CPUs through the launcher's stand-in) starts both ranks and keeps their output in the project."""
+    project = copied_alone(machine, tmp_path)
+    script = project / "train.py"
+    result, env = alone_job(
+        machine, tmp_path, project, 2, ["--name", "x"], DRY_RUN="1", SCRIPT=str(script)
+    )
+    out = check(result).stdout
+    assert out.splitlines()[0] == "dry run: nothing is executed" and result.stderr == ""
+    (words,) = launches(out, machine)
+    assert words[words.index("python") + 1 :] == [str(script), "--name", "x"], words
+    assert words[words.index("-n") + 1] == str(2 * RPN[machine]), words
+    assert not [w for w in words if str(ROOT) in w], words  # nothing of the repository
+    if machine == "polaris":  # ALCF's GPU wrapper, from the folder qsub ran in
+        assert str(project / "set_affinity_gpu_polaris.sh") in words, words
+    run_dir = project / "runs" / machine / "train" / f"4242.n{2 * RPN[machine]}"
+    assert f"log dir {run_dir}" in out, out
+    assert shim_calls(tmp_path) == [] and not (project / "runs").exists()
+
+    rpn = {"SLURM_NTASKS_PER_NODE": "2"} if machine == "slurm" else {"RANKS_PER_NODE": "2"}
+    result, _ = alone_job(machine, tmp_path, project, 1, ["--name", "x"], SCRIPT=str(script), **rpn)
+    out = check(result).stdout
+    hello = sorted(line for line in out.splitlines() if line.startswith("hello"))
+    assert hello == [f"hello from rank {r} of 2 ['--name', 'x']" for r in (0, 1)], out
+    (launched,) = shim_launches(tmp_path)
+    assert launched[0] == LAUNCHER[machine] and str(script) in launched, launched
+    log = (project / "runs" / machine / "train" / "4242.n2" / "output.log").read_text()
+    assert "hello from rank 1 of 2" in log
+    assert "samples/s" not in out  # no end-of-job report without the repository
+
+
+def test_train_sh_alone_without_script_or_polaris_wrapper_is_one_error_line(tmp_path):
+    """Alone, with no SCRIPT: one line that names SCRIPT=. Polaris' copy without ALCF's GPU wrapper
+    beside it: its dry run names the missing file in one line, and nothing is launched."""
+    project = copied_alone("polaris", tmp_path, wrapper=False)
+    for dry in ("1", "0"):
+        result, _ = alone_job("polaris", tmp_path, project, DRY_RUN=dry)
+        assert result.returncode == 1 and result.stderr.splitlines() == [
+            "error: SCRIPT=/path/to/train.py is needed: no course repository here"
+        ]
+        result, _ = alone_job(
+            "polaris", tmp_path, project, DRY_RUN=dry, SCRIPT=str(project / "train.py")
+        )
+        wrapper = project / "set_affinity_gpu_polaris.sh"
+        assert result.returncode == 1 and result.stderr.splitlines() == [
+            f"error: no such file: {wrapper} (named on the launch line)"
+        ]
+        assert not launches(result.stdout, "polaris") and shim_launches(tmp_path) == []
+
+
+@pytest.mark.parametrize("dry", ["1", "0"])
+@pytest.mark.parametrize("machine", PBS)
+def test_a_missing_script_on_the_launch_line_is_one_error_line(tmp_path, machine, dry):
+    """With the repository (plumbing.sh's launch): SCRIPT= naming no file stops the plan, or the
+    job, before the launch, in one line that names it."""
+    missing = tmp_path / "no-such" / "train.py"
+    result, _ = job(machine, tmp_path, 1, DRY_RUN=dry, SCRIPT=str(missing))
+    assert result.returncode == 1 and result.stderr.splitlines() == [
+        f"error: no such file: {missing} (named on the launch line)"
+    ]
+    assert not launches(result.stdout, machine) and shim_launches(tmp_path) == []
 
 
 # --- real runs: 2 ranks on CPUs, one node x 2 or two nodes x 1 ------------------------------------

@@ -34,7 +34,7 @@ OVERRIDES = ["--gpus-per-node=0",  # no GPUs here (the directive asks for 4)
 # -A YOUR_PROJECT and -q debug stay: without an accounting database Slurm accepts and ignores them.
 EXAMPLES = ("ddp", "horovod-pytorch", "horovod-tensorflow", "deepspeed")
 # Settings of the scripts a developer may have exported: empty means "the default" to the scripts.
-SETTINGS = ("REPO_DIR", "RUNS_DIR", "TRAIN_ARGS", "ENV_SETUP", "EXAMPLE", "DRY_RUN", "SWEEP", "SWEEP_RANKS",
+SETTINGS = ("REPO_DIR", "RUNS_DIR", "SCRIPT", "TRAIN_ARGS", "ENV_SETUP", "EXAMPLE", "DRY_RUN", "SWEEP", "SWEEP_RANKS",
             "SWEEP_DIR", "NRANKS", "VENV", "VIRTUAL_ENV", "OMP_NUM_THREADS", "MASTER_ADDR")
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
             "PREEMPTED"}

@@ -14,20 +14,51 @@
 #   qsub -A <project> -l select=2:system=polaris -v EXAMPLE=deepspeed submissions/polaris/train.sh
 #   qsub -A <project> -v TRAIN_ARGS="--epochs 4" submissions/polaris/train.sh
 #   DRY_RUN=1 bash submissions/polaris/train.sh     # print the commands (outside a job: for 1 node)
-# Your own training script: change the SCRIPT= line. Options: submissions/README.md (Polaris).
+#   qsub -A <project> -v SCRIPT=$PWD/train.py train.sh # your own script: this file alone will do
+# Options, and your own script: submissions/README.md (Polaris, Your own training script).
 
 # PBS runs a copy of this script: the repository is where you ran qsub, or REPO_DIR.
+# Not found (this file alone): the block after `else` stands in for plumbing.sh.
 for REPO_DIR in "${REPO_DIR:-}" "${PBS_O_WORKDIR:-}" "$(dirname "$0")/../.." "$PWD"; do
   [[ -f "$REPO_DIR/submissions/plumbing.sh" ]] && break
 done
-[[ -f "$REPO_DIR/submissions/plumbing.sh" ]] ||
-  { echo "error: repository not found: qsub from inside it, or set REPO_DIR" >&2; exit 1; }
-# shellcheck source=submissions/plumbing.sh
-source "$REPO_DIR/submissions/plumbing.sh"  # dry run, log folders, end-of-job report
+if [[ -f "$REPO_DIR/submissions/plumbing.sh" ]]; then
+  # shellcheck source=submissions/plumbing.sh
+  source "$REPO_DIR/submissions/plumbing.sh"  # dry run, log folders, end-of-job report
+else  # this file alone (submissions/README.md): it runs SCRIPT; no examples, sweep or report
+  set -eo pipefail; REPO_DIR=
+  dry() { [[ "${DRY_RUN:-0}" == 1 ]]; }
+  if dry; then echo "dry run: nothing is executed"; fi
+  fail() { echo "error: $*" >&2; exit 1; }
+  example_script() { fail "SCRIPT=/path/to/train.py is needed: no course repository here"; }
+  show() { local w; printf -v w ' %q' "$@"; if dry; then echo "${w:1}"; else echo "+$w"; fi; }
+  step() { show "$@"; if ! dry || [[ "$1" == export ]]; then "$@"; fi; }
+  nodes_in() {  # a dry run without a node file: 1
+    if [[ -r "$1" ]]; then grep -c . "$1"; elif dry; then echo 1; else fail "no node file '$1'"; fi
+  }
+  ranks_to_run() { [[ "${SWEEP:-0}" != 1 ]] || fail "scale.sh needs the repository"; echo "$1"; }
+  refuse_laptop_venv() { :; }  # the course's laptop .venv lives in its repository
+  new_run() {  # RUN_DIR=runs/<machine>/<script's name>/<job id>.n<ranks>, made by launch
+    local id=${PBS_JOBID:-${SLURM_JOB_ID:-$(date +%Y%m%d-%H%M%S)}}
+    RUN_DIR=${RUNS_DIR:-${PBS_O_WORKDIR:-$PWD}/runs}/$1/$(basename "${SCRIPT%.*}")/${id%%.*}.n$2
+    COURSE_FLAGS=(); echo "# $2 rank(s), $3 per node, log dir $RUN_DIR"
+  }
+  launch() {
+    local w
+    for w in "$@"; do  # the files it names up to the script (not the script's arguments) must exist
+      if [[ ("$w" == */* && "$w" != -*) || "$w" == "$SCRIPT" ]] && [[ ! -e "$w" ]]; then
+        fail "no such file: $w (named on the launch line)"
+      fi
+      if [[ "$w" == "$SCRIPT" ]]; then break; fi
+    done
+    show "$@"; if dry; then return; fi
+    mkdir -p "$RUN_DIR"; "$@" < /dev/null 2>&1 | tee "$RUN_DIR/output.log"
+  }
+fi
 
 # --- what runs ------------------------------------------------------------------------------------
 EXAMPLE=${EXAMPLE:-ddp}
-SCRIPT=$(example_script "$EXAMPLE")  # your own: SCRIPT=/path/to/train.py
+SCRIPT=${SCRIPT:-$(example_script "$EXAMPLE")}  # yours: SCRIPT=/path/to/train.py
 read -r -a TRAIN_ARGS <<< "${TRAIN_ARGS:-}"  # qsub passes no arguments: -v TRAIN_ARGS="..."
 set -- "${TRAIN_ARGS[@]}" "$@"
 
@@ -56,11 +87,15 @@ if [[ "${POLARIS_NCCL_TUNING:-0}" == 1 ]]; then
 fi
 
 # --- launch: all ranks at once (scale.sh: one run at 1, 2, 4, ... ranks each) ---------------------
+# each rank's GPU: ALCF's set_affinity_gpu_polaris.sh, the repository's (this file alone: the one in
+# the folder you run qsub from, as ALCF's guide has it)
+AFFINITY_DIR=${REPO_DIR:+$REPO_DIR/submissions/polaris}
+AFFINITY_DIR=${AFFINITY_DIR:-${PBS_O_WORKDIR:-$PWD}}
 RANKS=$(ranks_to_run "$NRANKS")  # all at once; scale.sh: 1 2 4 ...
 for NRANKS in $RANKS; do
   PPN=$((NRANKS < RANKS_PER_NODE ? NRANKS : RANKS_PER_NODE))
   new_run polaris "$NRANKS" "$PPN"  # RUN_DIR; COURSE_FLAGS for the examples
   launch mpiexec -n "$NRANKS" --ppn "$PPN" --depth "$DEPTH" --cpu-bind depth \
-    "$REPO_DIR"/submissions/polaris/set_affinity_gpu_polaris.sh \
+    "$AFFINITY_DIR"/set_affinity_gpu_polaris.sh \
     python "$SCRIPT" "${COURSE_FLAGS[@]}" "$@"
 done
