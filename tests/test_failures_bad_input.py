@@ -218,7 +218,7 @@ def test_a_master_port_in_use_is_one_line_on_rank_0_that_names_it(tmp_path):
     What ended a Slurm job of the suite once, when the tests still took MASTER_PORT from the kernel's
     ephemeral range, where srun's own listening ports come from (utils/dist.free_port now takes it
     from below)."""
-    from utils.tools.launch import launch_command
+    from tools.launch import launch_command
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
         server.listen()
@@ -246,12 +246,12 @@ def test_free_ports_come_from_below_the_ephemeral_range():
 
 def test_a_port_from_free_port_survives_other_programs_taking_kernel_picked_ports():
     """While other programs keep listening on ports the kernel picks (srun, gloo, a TCPStore; here
-    utils/tools/soak.py's pressure, far more of them), a port picked by binding port 0 is soon taken
+    tools/soak.py's pressure, far more of them), a port picked by binding port 0 is soon taken
     again, and one from free_port() never is. The control makes the test able to fail."""
     import time
 
+    from tools.launch import kernel_port, port_pressure
     from utils.dist import free_port
-    from utils.tools.launch import kernel_port, port_pressure
 
     def still_free(port):
         with socket.socket() as s:

@@ -28,9 +28,9 @@ from support import (
     torchrun,
 )
 
-FSDP_CKPT = "zero/fsdp_checkpoint.py"  # a lesson script that is not in utils/tools/examples.tsv
-TORCH_LESSONS = [DDP, HVD_TORCH, DS, TP, PP]
-COMMON = TORCH_LESSONS + [HVD_TF, HVD_KERAS]  # the lessons on utils/parse_args.py's shared flags
+FSDP_CKPT = "zero/fsdp_checkpoint.py"  # a lesson script that is not in tools/examples.tsv
+TORCH_DISTRIBUTED = [DDP, DS, TP, PP]  # --backend: torch.distributed's (Horovod picks its own, and has no flag)
+COMMON = TORCH_DISTRIBUTED + [HVD_TORCH, HVD_TF, HVD_KERAS]  # the lessons on utils/parse_args.py's shared flags
 NOT_A_FOLDER = "/dev/null/x"  # below a file: nothing can be created there, even by root
 NO_WRITE = "/proc/x"  # /proc takes no new entries, even from root (chmod does not stop root)
 
@@ -92,7 +92,7 @@ OWN_ROWS = {  # the flags of the lessons' own parsers
 def rows_for(script):
     if script in (ZERO, FSDP_CKPT):
         return OWN_ROWS[script]
-    return COMMON_ROWS + (TORCH_ROWS if script in TORCH_LESSONS else []) + OWN_ROWS.get(script, [])
+    return COMMON_ROWS + (TORCH_ROWS if script in TORCH_DISTRIBUTED else []) + OWN_ROWS.get(script, [])
 
 
 # One process per lesson runs its whole table: it executes the lesson's __main__ once per row and
