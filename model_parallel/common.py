@@ -1,9 +1,7 @@
-"""What the two model-parallel lessons share: the MLP they split, their flags, and the counters
-behind the numbers in their summary.json (bytes each rank sends per step; a pipeline stage's compute
-time and memory).
+"""What the two model-parallel lessons share: the MLP they split, their flags and checks, and the
+counters behind their summary.json (bytes sent per step; a pipeline stage's compute time, memory).
 
-The counters only watch: every step of the lessons is in tensor_parallel.py and
-pipeline_parallel.py.
+The counters only watch: the lessons' steps are all in tensor_parallel.py and pipeline_parallel.py.
 """
 import hashlib
 import time
@@ -22,8 +20,7 @@ LAYERS = 4  # hidden layers fc1..fc4 (784 -> W, then W -> W), then the 10-way he
 
 
 def mlp(width):
-    """784 -> W -> W -> W -> W -> 10 with ReLUs: 3,962,890 parameters at W = 1024 (3.3 x the
-    course's CNN)."""
+    """784 -> W -> W -> W -> W -> 10, ReLUs: 3,962,890 parameters at W = 1024 (3.3 x the CNN)."""
     dims = [784] + [width] * LAYERS
     layers = [("flat", nn.Flatten())]
     for i in range(LAYERS):
@@ -37,8 +34,7 @@ def mlp(width):
 
 
 def stage_layers(model, stage, stages):
-    """This stage's slice of the MLP, layer names kept: the first stage also flattens, the last has
-    the head."""
+    """This stage's slice of the MLP, names kept: the first also flattens, the last has the head."""
     per = LAYERS // stages
     names = [f"{kind}{i + 1}" for i in range(stage * per, (stage + 1) * per)
              for kind in ("fc", "relu")]
@@ -47,8 +43,7 @@ def stage_layers(model, stage, stages):
 
 
 def parser(doc, schedules=None):
-    """The course's flags, plus --width; this MLP has no dropout. schedules: the pipeline lesson's
-    --schedule choices, and its --micro-batches."""
+    """The course's flags and --width (no dropout); schedules: + --schedule, --micro-batches."""
     p = get_parser(doc)
     p.set_defaults(dropout=0.0)
     p.add_argument("--width", type=positive_int, default=1024,
@@ -61,8 +56,7 @@ def parser(doc, schedules=None):
 
 
 def check_shared_flags(args):
-    """Shared flags these lessons do not implement: one line and exit 2, rather than silently
-    ignored."""
+    """Shared flags these lessons do not implement: one line and exit 2, not silently ignored."""
     if args.resume or args.checkpoint_dir:
         fail("--resume/--checkpoint-dir: the model-parallel lessons keep no checkpoints "
              "(--save-model writes the final weights)")
@@ -74,8 +68,7 @@ def check_shared_flags(args):
 
 
 def full_tensor(t):
-    """The whole tensor: a DTensor's slices gathered from its ranks (a collective), a plain tensor
-    as is."""
+    """The whole tensor: a DTensor's slices gathered (a collective), a plain tensor as is."""
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
@@ -88,8 +81,7 @@ def checksum(state):
 
 
 def tensor_parallel_size(args, world_size):
-    """tp = world size / --dp, checked before any process group: bad sizes fail at once on every
-    rank."""
+    """tp = world size / --dp, checked before any process group: bad sizes fail on every rank."""
     if world_size % args.dp:
         fail(f"--dp {args.dp} does not divide the {world_size} rank(s) into dp x tp")
     tp = world_size // args.dp
@@ -119,8 +111,8 @@ def local(t):
 
 
 def tensor_parallel_report(model, state, gather):
-    """What each rank holds: its slices' checksum (equal over dp), its parameter bytes, and the
-    elements of the split weights, per rank and in full (`gather`: a list of every rank's value)."""
+    """What each rank holds: its slices' checksum (equal over dp), parameter bytes, the split
+    weights' elements per rank and in full (`gather`: every rank's value, as a list)."""
     split = [p for p in model.parameters()
              if isinstance(p, DTensor) and isinstance(p.placements[-1], Shard)]
     slices = {name: local(t) for name, t in model.state_dict().items()}
@@ -132,8 +124,7 @@ def tensor_parallel_report(model, state, gather):
 
 
 def pipeline_report(part, stage, state, timing, stages, k, schedule, gather):
-    """What each stage holds and how long it idled: the measured idle fraction of the schedule's
-    steps against the bubble it predicts, (S - 1) / (K + S - 1)."""
+    """What each stage holds; its measured idle fraction against the bubble, (S-1) / (K+S-1)."""
     nan = float("nan")
     _, pipe_s, compute_s = (sum(column) for column in zip(*timing)) if timing else (0.0, nan, 0.0)
     return {"param_bytes_per_rank": gather(sum(p.nbytes for p in part.parameters())),
@@ -184,10 +175,9 @@ class WireBytes(TorchDispatchMode):
 
 
 class TimedStage(PipelineStage):
-    """A PipelineStage that also measures what the bubble is made of: seconds spent computing
-    forward and backward of its micro-batches (everything else in a schedule step is waiting or
-    communicating), and the most micro-batches whose activations it held at once (saved for their
-    backward)."""
+    """A PipelineStage that also measures what the bubble is made of: seconds computing forward and
+    backward of its micro-batches (the rest of a schedule step is waiting or communicating), and
+    the most micro-batches whose activations (saved for backward) it held at once."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
