@@ -1,13 +1,15 @@
 # The course's commands. `make help` lists them.
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# The PATH as the user had it: `make check-gpu` prefers the node's own python3 (its modules' torch).
+USER_PATH := $(PATH)
 # Examples and tests find torchrun, mpiexec, horovodrun and deepspeed in the venv.
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 export PYTHONUNBUFFERED := 1
 # TensorFlow's INFO/WARNING banner on every import (oneDNN, CPU features) hides the lesson's output.
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: help setup doctor demo test test-all bench figures clean slurm-up slurm-down
+.PHONY: help setup doctor demo test test-all bench figures check-gpu clean slurm-up slurm-down
 
 help:
 	@echo "make setup    build .venv: pinned torch/TF/DeepSpeed/MPI, Horovod compiled once and cached"
@@ -16,6 +18,7 @@ help:
 	@echo "make test     the test suite (what CI runs); make test-all adds the longest end-to-end runs"
 	@echo "make bench    throughput of every framework at 1 and 2 ranks (QUICK=1 for a short run)"
 	@echo "make figures  scaling study and learning-rate lesson figures into runs/figures/ (OUT=assets: into the notes)"
+	@echo "make check-gpu  each PyTorch lesson a few steps on this node's GPU (the node's own torch), then a table"
 	@echo "make slurm-up   a 2-node Slurm cluster on this machine (root; installs Slurm), for real sbatch jobs"
 	@echo "make slurm-down stop it"
 
@@ -36,6 +39,12 @@ test: setup
 # Everything, the longest end-to-end runs included (about 30 more minutes on 2 cores).
 test-all: setup
 	$(PY) -m pytest tests --durations=20 $(PYTEST_ARGS)
+
+# No setup: on a GPU node the frameworks are the node's (a module); .venv's python only where the
+# python3 on the user's PATH has no torch (a laptop). ARGS passes flags: make check-gpu ARGS=--cpu-scaling
+check-gpu:
+	@if PATH="$(USER_PATH)" python3 -c "import torch" 2>/dev/null; then \
+		PATH="$(USER_PATH)" python3 tools/check_gpu.py $(ARGS); else $(PY) tools/check_gpu.py $(ARGS); fi
 
 bench: setup
 	@$(PY) tools/bench.py $(if $(QUICK),--quick)

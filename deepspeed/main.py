@@ -6,8 +6,7 @@
     torchrun --nproc_per_node 2 deepspeed/main.py   (also: mpiexec -n 2 python deepspeed/main.py)
     ... --zero-stage 3 --offload                    the config file is deepspeed/ds_config.json
 
-The numbered comments [1]-[8] are the course's recipe: the same number marks the same step in every
-lesson (README.md, "The recipe"); deepspeed/README.md explains each line.
+[1]-[8]: the course's recipe (README.md); deepspeed/README.md explains each line.
 """
 import os
 import sys
@@ -26,7 +25,8 @@ import deepspeed  # the library: this folder has no __init__.py, and the repo ro
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from deepspeed.accelerator import get_accelerator
+from deepspeed.accelerator import get_accelerator, set_accelerator
+from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
@@ -97,15 +97,15 @@ def main():
     device = course.pick_device(args.device, env.local_rank)
     if device != "cpu":
         get_accelerator().set_device(torch.device(device).index)  # DeepSpeed's layer: cuda, xpu
-    else:  # deepspeed_shm_comm serves tensor-parallel *inference* only: skip its JIT build
-        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    else:  # on a GPU node too: DeepSpeed's engine would move the model to the GPU it sees
+        set_accelerator(CPU_Accelerator())
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # inference only: no build
     num_threads = course.threads_per_rank(args.num_threads, env.local_world_size)
     torch.set_num_threads(num_threads)
-    # [1] Start the process group (and DeepSpeed's communication layer over it).
-    backend = course.pick_backend(args.backend, device)  # xccl / nccl between GPUs, gloo on CPUs
+    backend = course.pick_backend(args.backend, device)  # [1] the group: gloo, or nccl/xccl (GPUs)
     course.group_timeout(timedelta(seconds=args.dist_timeout))  # also the groups DeepSpeed makes
-    deepspeed.init_distributed(backend, auto_mpi_discovery=False, verbose=False,
-                               timeout=timedelta(seconds=args.dist_timeout))
+    deepspeed.init_distributed(backend, auto_mpi_discovery=False, verbose=False,  # ... and over it
+                               timeout=timedelta(seconds=args.dist_timeout))  # DeepSpeed's comm
     env = replace(env, device=device, backend=backend, num_threads=num_threads)  # env, now complete
     log.configure(env.rank, env.local_rank, args.log_all_ranks)
     log_dir = args.log_dir or course.broadcast_object(runfiles.default_log_dir("deepspeed"))

@@ -126,8 +126,13 @@ def profile(argv):
     from torch.profiler import ProfilerActivity, schedule
 
     trace = out / f"rank{rank}.trace.json"
+    activities = [ProfilerActivity.CPU]  # + the GPU's kernels and copies, where there is one
+    if torch.cuda.is_available():
+        activities.append(ProfilerActivity.CUDA)
+    elif hasattr(torch, "xpu") and torch.xpu.is_available():
+        activities.append(ProfilerActivity.XPU)
     prof = torch.profiler.profile(
-        activities=[ProfilerActivity.CPU],
+        activities=activities,
         record_shapes=True,  # the sizes of the collectives: what the ring model predicts from
         schedule=schedule(skip_first=args.skip, wait=0, warmup=1, active=10**6),
         on_trace_ready=lambda p: p.export_chrome_trace(str(trace)),

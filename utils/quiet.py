@@ -47,7 +47,10 @@ TF_IMPORT_NOISE = (r"^WARNING: All log messages before absl::InitializeLog\(\) i
                    r"|\] oneDNN custom operations are on\.")
 # Python warnings: (regular expression matched at the start of the message, category).
 WARNINGS = [(r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated",
-             FutureWarning)]
+             FutureWarning),
+            # NCCL/xccl barrier in a group started without device_id (DeepSpeed's init_distributed
+            # takes none): it uses the current device, which step [2] has set (seen on an H100)
+            (r"barrier\(\): using the device under current context", UserWarning)]
 # Log records: logger name -> the beginnings of the messages dropped from it.
 LOG_RECORDS = {
     "DeepSpeed": ("Setting accelerator to CPU.",),

@@ -4,6 +4,7 @@ created, removed again when it fails before its first result.
 """
 import json
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -172,8 +173,21 @@ class RunLog:
         """Last epoch's numbers + `extra` into summary.json, and the table on stdout."""
         last = self.history[-1] if self.history else {}
         summary = dict(last, **extra)
+        if (peak := peak_accelerator_mb()) is not None:  # rank 0's, on a GPU
+            summary["peak_accelerator_mb"] = peak
         if self.is_main:
             write_json(os.path.join(self.dir, "summary.json"), summary)
         Board.close()
         info(format_summary(summary, self.dir))
         return summary
+
+
+def peak_accelerator_mb():
+    """This process's peak GPU memory in MB (torch's allocator: tensors, not its cache), or None
+    where it used no GPU. The TensorFlow lessons never import torch: None there too."""
+    torch = sys.modules.get("torch")
+    for kind in ("cuda", "xpu"):
+        module = getattr(torch, kind, None)
+        if module is not None and module.is_available() and module.is_initialized():
+            return round(module.max_memory_allocated() / 2**20, 1)
+    return None

@@ -8,8 +8,7 @@ ZeroRedundancyOptimizer and FSDP2 fully_shard, and what each rank then holds, co
     python zero/main.py --variant torch-fsdp2                  # one process (a group of one)
     python zero/report.py --ranks 2 4                          # every variant, one after another
 
-The numbered comments [1]-[8] are the course's recipe: the same number marks the same step in every
-lesson (README.md, "The recipe"); zero/README.md explains each line here, and why [4] is missing.
+[1]-[8]: the course's recipe (README.md); zero/README.md explains each line, and why [4] is missing.
 """
 import argparse
 import gc
@@ -30,6 +29,9 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+from deepspeed.accelerator import set_accelerator
+from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -66,6 +68,8 @@ def main():
     parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     model_flags(parser).add_argument("--variant", choices=list(VARIANTS), default="ds3",
                                      help="what is partitioned, by whom (default ds3)")
+    parser.add_argument("--device", choices=["auto", "cpu", "cuda", "xpu"], default="auto",
+                        help="this rank's GPU where torch sees one (auto), or cpu")
     parser.add_argument("--json", help="rank 0 writes the losses and every rank's census here")
     args = parser.parse_args()
     check(parser, args)  # bad input: one line, exit 2, on every rank, before any process group
@@ -81,30 +85,35 @@ def main():
     if args.steps * args.batch_size * n > data.SHIPPED_TRAIN:  # bad input too (n is known by now)
         log.fail(f"--steps {args.steps} x --batch-size {args.batch_size} x {n} ranks needs more "
                  f"than the {data.SHIPPED_TRAIN:,} training digits")
-    # [2] Pin this rank: on GPUs cuda:LOCAL_RANK; counting host memory, this lesson stays on CPUs
+    # [2] Pin this rank: --device cuda/xpu: GPU number LOCAL_RANK; cpu: a share of the cores
+    device = course.pick_device(args.device, env.local_rank)
+    if device != "cpu":
+        torch.accelerator.set_device_index(device)  # DeepSpeed's engine and fully_shard follow it
+    elif deepspeed_run:  # on a GPU node too: DeepSpeed's engine would move the model to the GPU
+        set_accelerator(CPU_Accelerator())
     torch.set_num_threads(course.threads_per_rank(None, env.local_world_size))
-    # [1] Start the process group (gloo between CPUs); DeepSpeed's call adds its comm layer.
+    backend = course.pick_backend("auto", device)  # [1] the group: gloo, or nccl/xccl (GPUs) ...
     timeout = timedelta(seconds=args.dist_timeout)
     course.group_timeout(timeout)  # also for the groups DeepSpeed makes itself
     if deepspeed_run:
         course.default_extensions_dir()  # where the JIT-built cpu_adam op (offload) is cached
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # inference only: no build
-        deepspeed.init_distributed("gloo", auto_mpi_discovery=False, verbose=False, timeout=timeout)
+        deepspeed.init_distributed(backend, auto_mpi_discovery=False, verbose=False,  # ... + its
+                                   timeout=timeout)  # comm layer
     else:
-        dist.init_process_group("gloo", timeout=timeout)
+        dist.init_process_group(backend, timeout=timeout)
 
     mnist = data.load_shipped()  # [3] shard by *global* rank: the same seeded shuffle, 1/n each
     train_set = TensorDataset(torch.from_numpy(data.normalized(mnist.x_train).reshape(-1, 784)),
                               torch.from_numpy(mnist.y_train))
-    loader = DataLoader(train_set, batch_size=args.batch_size, drop_last=True,
-                        sampler=DistributedSampler(train_set, num_replicas=n, rank=rank,
-                                                   seed=args.seed))
+    sampler = DistributedSampler(train_set, num_replicas=n, rank=rank, seed=args.seed)
+    loader = DataLoader(train_set, batch_size=args.batch_size, drop_last=True, sampler=sampler)
     batches = list(islice(loader, args.steps))
     gc.collect()
     base_rss = census.rss_bytes()
 
     torch.manual_seed(args.seed)  # the same initial weights on every rank ...
-    model = mlp(args.hidden, args.layers)
+    model = mlp(args.hidden, args.layers).to(device)
     psi = sum(p.numel() for p in model.parameters())
     log.info(f"{args.variant}: {label} on {n} rank(s) via {env.launcher}; "
              f"MLP 784-{args.hidden}x{args.layers + 1}-10, {psi:,} parameters; "
@@ -121,20 +130,14 @@ def main():
         if offload:  # ZeRO-Offload: Adam's state, fp32 copy and step on the CPU (DeepSpeedCPUAdam)
             zero["offload_optimizer"] = {"device": "cpu", "pin_memory": False}
         adam_params = {"lr": args.lr, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0,
-                       "adam_w_mode": False}
-        if not offload:
-            adam_params["torch_adam"] = True  # torch.optim.Adam inside: no FusedAdam build on a CPU
-        config = {"train_micro_batch_size_per_gpu": args.batch_size,
-                  "gradient_accumulation_steps": 1,
+                       "adam_w_mode": False,  # torch.optim.Adam inside (no FusedAdam build) unless
+                       "torch_adam": not offload}  # offload: then DeepSpeedCPUAdam
+        config = {"train_micro_batch_size_per_gpu": args.batch_size, "steps_per_print": 10**6,
                   "optimizer": {"type": "Adam", "params": adam_params}, "zero_optimization": zero,
-                  # DeepSpeed 0.19.8 clips to norm 1.0 unless told; PyTorch's runs don't clip
-                  "gradient_clipping": 0.0,
-                  "steps_per_print": 1_000_000}
-        # [5] ... the engine broadcasts rank 0's weights, then builds the (stage >= 1: partitioned)
-        #     optimizer
-        model, optimizer, _, _ = deepspeed.initialize(model=model,
-                                                      model_parameters=model.parameters(),
-                                                      config=config)
+                  "gradient_clipping": 0.0}  # DeepSpeed 0.19.8 clips to 1.0 unless told; torch not
+        # [5] ... the engine broadcasts rank 0's weights, builds the (stage >= 1: partitioned) Adam
+        model, optimizer, _, _ = deepspeed.initialize(model=model, config=config,
+                                                      model_parameters=model.parameters())
         adam = getattr(model, "basic_optimizer", None) or optimizer  # the Adam that holds the state
     elif args.variant == "torch-zero1":
         model = DDP(model, gradient_as_bucket_view=True)  # [5] ... DDP broadcasts rank 0's weights
@@ -147,25 +150,23 @@ def main():
         for param in model.parameters():
             dist.broadcast(param.detach(), src=0)
         # ZeRO-3: every Linear a unit of its own, gathered whole only for its forward and backward
-        for layer in model:
+        mesh = init_device_mesh(device.split(":")[0], (n,))  # the ranks' devices (cpu: even on
+        for layer in model:  # a GPU node; fully_shard's default mesh is the node's accelerator)
             if isinstance(layer, nn.Linear):
-                fully_shard(layer)
-        fully_shard(model)  # the parameters are DTensors now, each rank holding 1/N of every one
+                fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)  # parameters now DTensors: each rank holds 1/N of each
         optimizer = adam = torch.optim.Adam(model.parameters(), lr=args.lr)  # state: its shards
-    gc.collect()
+    gc.collect()  # then: memory before training; the peak from here on
     setup_rss, peak_reset = census.rss_bytes(), census.reset_peak_rss()
 
     losses, start = [], time.perf_counter()
     for step, (x, y) in enumerate(batches, 1):
+        x, y = x.to(device), y.to(device)
         loss = F.nll_loss(model(x), y)  # ZeRO-3/fully_shard: each layer all-gathered, used, freed
-        if deepspeed_run:
-            # [6] the engine averages the gradients: stage 0 all-reduces them; stages 1-3 reduce
-            #     them bucket by bucket, each rank keeping the slice it updates (offload: on CPU)
-            model.backward(loss)
-        else:
-            # [6] averaged in backward: DDP all-reduces its buckets (torch-zero1), fully_shard
-            #     reduce-scatters each layer's gradient into this rank's shard
-            loss.backward()
+        if deepspeed_run:  # [6] the engine averages the gradients: stage 0 all-reduces them;
+            model.backward(loss)  # stages 1-3 reduce them in buckets, each rank keeping its slice
+        else:  # [6] averaged in backward: DDP all-reduces its buckets (torch-zero1), fully_shard
+            loss.backward()  # reduce-scatters each layer's gradient into this rank's shard
         if step == len(batches):  # gradients held now, Adam's state since step 1: count bytes
             gc.collect()
             held = census.census(model, optimizer, adam)
@@ -183,12 +184,11 @@ def main():
     elapsed = time.perf_counter() - start
 
     held.update(rank=rank, peak_rss=census.peak_rss_bytes(), base_rss=base_rss, setup_rss=setup_rss,
-                peak_is_training_only=peak_reset)
+                peak_is_training_only=peak_reset, peak_gpu_mb=runfiles.peak_accelerator_mb())
     result = dict(variant=args.variant, label=label, stage=stage, offload=offload, ranks=n, psi=psi,
-                  hidden=args.hidden, layers=args.layers, batch_size=args.batch_size,
-                  steps=args.steps, losses=losses, train_time_s=elapsed,
-                  per_rank=course.gather_object(held),
-                  formula=census.formula(stage, psi, n))
+                  hidden=args.hidden, layers=args.layers, batch_size=args.batch_size, device=device,
+                  backend=backend, steps=args.steps, losses=losses, train_time_s=elapsed,
+                  per_rank=course.gather_object(held), formula=census.formula(stage, psi, n))
     log.info(census.describe(result))
     if rank == 0 and args.json:  # [8] one writer: rank 0 writes the file (atomically)
         runfiles.write_json(args.json, result)
