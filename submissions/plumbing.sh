@@ -11,7 +11,8 @@
 #   nodes_in FILE      hosts in a node file (one a line); a dry run without one: 1
 #   ranks_to_run N     N; with SWEEP=1 (scale.sh) 1 2 4 ... N, or SWEEP_RANKS
 #   new_run M N PPN    RUN_DIR=runs/M/<example>/<job id>.nN (a sweep: <example>-scale/<job id>/nN)
-#                      and COURSE_FLAGS (--num-threads, --log-dir) when SCRIPT is a course example
+#                      and COURSE_FLAGS (--num-threads, --log-dir; --data-dir DATA_DIR where set,
+#                      checked) when SCRIPT is a course example
 #   refuse_laptop_venv stop if python or mpiexec would come from the course's laptop .venv
 
 set -eo pipefail
@@ -69,11 +70,22 @@ is_example() {
   [[ "$1" == "$REPO_DIR"/* && -f "$EXAMPLES_TSV" ]] &&
     cut -f 2 "$EXAMPLES_TSV" | grep -qxF "${1#"$REPO_DIR"/}"
 }
-nodes_in() {
+nodes_in() {  # hosts, not lines: a node file can name one host once per chunk (Sophia's by-gpu)
   [[ -n "$1" || "${DRY_RUN:-0}" != 1 ]] ||
     { echo "dry run: no node file, assuming 1 node (this host)" >&2; echo 1; return; }
   [[ -n "$1" && -r "$1" ]] || fail "node file '$1' missing: run this inside a job (or qsub -I)"
-  grep -c '[^[:space:]]' "$1"
+  grep '[^[:space:]]' "$1" | sort -u | grep -c .
+}
+# MNIST where the examples read it (DATA_DIR): the compute nodes have no internet to fetch it
+has_mnist() {
+  [[ -f "$1/mnist.npz" ]] || compgen -G "$1/train-images-idx3-ubyte*" > /dev/null ||
+    compgen -G "$1/MNIST/raw/train-images-idx3-ubyte*" > /dev/null
+}
+check_data() {
+  has_mnist "$DATA_DIR" && return 0
+  local why="no MNIST in DATA_DIR=$DATA_DIR: once, on a login node (it has internet):"
+  why+=" python3 $REPO_DIR/tools/get_data.py $DATA_DIR (or qsub -v DATA_DIR=<your MNIST folder>)"
+  if [[ "${DRY_RUN:-0}" == 1 ]]; then echo "dry run: $why" >&2; else fail "$why"; fi
 }
 ranks_to_run() {
   local n=1 points=()
@@ -105,7 +117,10 @@ new_run() {
   fi
   RUN_DIRS+=("$RUN_DIR")
   COURSE_FLAGS=()
-  is_example "$SCRIPT" && COURSE_FLAGS=(--num-threads "$OMP_NUM_THREADS" --log-dir "$RUN_DIR")
+  if is_example "$SCRIPT"; then
+    COURSE_FLAGS=(--num-threads "$OMP_NUM_THREADS" --log-dir "$RUN_DIR")
+    if [[ -n "${DATA_DIR:-}" ]]; then check_data; COURSE_FLAGS+=(--data-dir "$DATA_DIR"); fi
+  fi
   RUN_WHAT="$name on $n rank(s)"
   echo "# $RUN_WHAT = $(((n + ppn - 1) / ppn)) node(s) x $ppn," \
        "${OMP_NUM_THREADS:-?} thread(s) per rank, log dir $RUN_DIR"
@@ -130,28 +145,7 @@ refuse_laptop_venv() {
 report() {
   local status=$1
   if [[ "${DRY_RUN:-0}" != 1 && ${#RUN_DIRS[@]} -gt 0 ]] && is_example "$SCRIPT"; then
-    python - "${RUN_DIRS[@]}" <<'EOF' || true
-import json, os, sys
-rows = []
-for d in sys.argv[1:]:
-    try:
-        with open(os.path.join(d, "metrics.jsonl")) as f:
-            rows.append((d, [json.loads(line) for line in f if line.strip()][-1]))
-    except (OSError, IndexError, ValueError):
-        rows.append((d, None))
-base = next((m["samples_per_s"] for _, m in rows if m and m["world_size"] == 1), None)
-cols = "" if base is None else f" {'speedup':>8} {'efficiency':>10}"
-print(f"{'ranks':>5} {'samples/s':>10}{cols} {'test_acc':>8}  log dir")
-for d, m in rows:
-    if m is None:
-        print(f"{'?':>5} {'-':>10}{' ' * len(cols)} {'-':>8}  {d} (no metrics: see output.log)")
-        continue
-    up = None if base is None else m["samples_per_s"] / base
-    vs = "" if up is None else f" {up:>8.2f} {up / m['world_size']:>10.0%}"
-    print(f"{m['world_size']:>5} {m['samples_per_s']:>10.0f}{vs} {m['test_acc']:>8.4f}  {d}")
-if base is None:
-    print("(speedup and efficiency need a 1-rank run to compare with: scale.sh makes one)")
-EOF
+    python "$REPO_DIR/tools/job_report.py" "${RUN_DIRS[@]}" || true
   fi
   ((status == 0)) || [[ -z "${LAUNCHED:-}" ]] ||  # the job's last line says what failed
     echo "error: $LAUNCHED exited with $status (output in $RUN_DIR/output.log)" >&2

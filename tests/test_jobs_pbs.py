@@ -213,8 +213,8 @@ def test_dry_run_outside_a_job_plans_one_node(tmp_path, machine):
     assert words == expected_launch(
         SUB / machine / "train.sh", machine, rpn, rpn, (), log_dir, **values(machine, env, rpn)
     )
-    if machine != "polaris":  # rank 0's host: this one
-        assert f"MASTER_ADDR={socket.gethostname()}" in exports(out)
+    # rank 0's host: this one (MASTER_DOMAIN is empty here: the name as it stands)
+    assert f"MASTER_ADDR={socket.gethostname().split('.')[0]}" in exports(out)
     assert shim_calls(tmp_path) == [] and not (tmp_path / "runs").exists()
 
 
@@ -465,10 +465,18 @@ def test_a_readme_dry_run_excerpt_is_what_the_script_prints(tmp_path, command, s
         cmd = ["bash", ROOT / script]
     settings = dict(word.split("=", 1) for word in command.split(" bash ")[0].split())
     env.update(settings)
+    # the data folder made (<repository>/data as shown), and MASTER_ADDR's default suffix
+    if machine in PBS:
+        (tmp_path / "data").mkdir()
+        (tmp_path / "data" / "mnist.npz").touch()
+        env.update(DATA_DIR=str(tmp_path / "data"))
     # stdout and stderr in one stream, in order, as the terminal showed them
-    out = check(run(["bash", "-c", 'exec "$@" 2>&1', "dry-run", *cmd, *args.split()], env=env, timeout=60)).stdout
-    fresh = out.replace(str(ROOT), "/home/me/scaling-dl").replace(env["PBS_NODEFILE"] or "\0",
-                                                                   EXCERPT_NODEFILE)
+    out = check(run(["env", "-u", "MASTER_DOMAIN", "bash", "-c", 'exec "$@" 2>&1', "dry-run", *cmd,
+                     *args.split()], env=env, timeout=60)).stdout
+    this_host = socket.gethostname().split(".")[0]  # a dry run outside a job: rank 0 is this host
+    fresh = (out.replace(str(tmp_path / "data"), "/home/me/scaling-dl/data")
+             .replace(str(ROOT), "/home/me/scaling-dl").replace(env["PBS_NODEFILE"] or "\0", EXCERPT_NODEFILE)
+             .replace(f"MASTER_ADDR={this_host}.", "MASTER_ADDR=polaris-login-01."))
     assert normalised(fresh).splitlines() == normalised(shown).splitlines()
 
 
@@ -477,3 +485,77 @@ def test_the_readme_polaris_nccl_export_line_is_what_the_script_prints(tmp_path)
                       (SUB / "README.md").read_text()).group(1)
     result, _ = job("polaris", tmp_path, 2, DRY_RUN="1", POLARIS_NCCL_TUNING="1", EXAMPLE="deepspeed")
     assert shown in check(result).stdout.splitlines()
+
+
+# Rank 0's address on the fast network: the node file names the management network on Aurora
+# (ALCF's PyTorch guide, "use hsn in MASTER_ADDR"); Polaris' DDP examples use .hsn too; ezpz names
+# Sophia's nodes on .lab. A wrong network is a hang at init_process_group on a multi-node job.
+FAST_NAME = {
+    "aurora": ("x4000c0s0b0n0.hostmgmt2000.cm.aurora.alcf.anl.gov",
+               "x4000c0s0b0n0.hsn.cm.aurora.alcf.anl.gov"),
+    "polaris": ("x3005c0s13b0n0.hsn.cm.polaris.alcf.anl.gov", "x3005c0s13b0n0.hsn.cm.polaris.alcf.anl.gov"),
+    "sophia": ("sophia-gpu-07", "sophia-gpu-07.lab.alcf.anl.gov"),
+}
+
+
+@pytest.mark.parametrize("machine", PBS)
+def test_rank_0_is_reached_on_the_fast_network(tmp_path, machine):
+    listed, expected = FAST_NAME[machine]
+    env = scheduler_env(machine, tmp_path, 2)
+    Path(env["PBS_NODEFILE"]).write_text(f"{listed}\nx4000c0s0b0n1.other\n")
+    env.update(DRY_RUN="1")
+    result = run(["env", "-u", "MASTER_DOMAIN", "bash", SUB / machine / "train.sh"], env=env, timeout=60)
+    assert f"MASTER_ADDR={expected}" in exports(check(result).stdout), exports(result.stdout)
+
+
+@pytest.mark.parametrize("machine", PBS)
+def test_nodes_are_hosts_not_node_file_lines(tmp_path, machine):
+    """A node file can name a host once per chunk (Sophia's by-gpu queue): counting lines would
+    multiply the ranks. Two hosts, named 3 and 1 times: 2 nodes' worth of ranks."""
+    env = scheduler_env(machine, tmp_path, 2)
+    Path(env["PBS_NODEFILE"]).write_text("hostA\nhostA\nhostA\nhostB\n")
+    env.update(DRY_RUN="1")
+    (words,) = launches(check(run(["bash", SUB / machine / "train.sh"], env=env, timeout=60)).stdout,
+                        machine)
+    rpn = {"aurora": 12, "polaris": 4, "sophia": 2}[machine]  # Sophia: 4 GPU chunks on 2 hosts
+    assert words[words.index("-n") + 1] == str(2 * rpn), words
+
+
+def test_a_sophia_by_gpu_job_runs_one_rank_per_gpu_chunk(tmp_path):
+    env = scheduler_env("sophia", tmp_path, 1)
+    Path(env["PBS_NODEFILE"]).write_text("sophia-gpu-03\n" * 3)  # select=3:ngpus=1 on one node
+    env.update(DRY_RUN="1")
+    (words,) = launches(check(run(["bash", SUB / "sophia" / "train.sh"], env=env, timeout=60)).stdout,
+                        "sophia")
+    assert words[words.index("-n") + 1] == "3" and words[words.index("-N") + 1] == "3", words
+
+
+@pytest.mark.parametrize("machine", PBS)
+def test_the_data_folder_is_passed_and_a_missing_one_is_one_line(tmp_path, machine):
+    """DATA_DIR (default: the repository's data/) goes to the examples as --data-dir. Missing, the
+    dry run says where it expects it and how to fill it; a real job stops before launching."""
+    missing = tmp_path / "no-mnist-here"
+    result, _ = job(machine, tmp_path, 1, DRY_RUN="1", DATA_DIR=str(missing))
+    (words,) = launches(check(result).stdout, machine)
+    assert words[words.index("--data-dir") + 1] == str(missing)
+    (line,) = result.stderr.splitlines()
+    assert line.startswith(f"dry run: no MNIST in DATA_DIR={missing}: ") and "tools/get_data.py" in line
+    result, _ = job(machine, tmp_path, 1, DATA_DIR=str(missing))
+    assert result.returncode != 0 and result.stderr.splitlines() == [line.replace("dry run", "error")]
+    assert not shim_launches(tmp_path)
+
+
+def test_a_job_reads_the_data_folder_that_get_data_made(tmp_path):
+    """tools/get_data.py --shipped writes the shipped digits where a job reads them (a real 2-rank
+    Polaris job under the simulation): the lesson says it read that file, and trains."""
+    folder = tmp_path / "mnist"
+    made = check(run([BIN / "python", ROOT / "tools" / "get_data.py", folder, "--shipped"], timeout=120))
+    assert f"{folder} holds MNIST from Keras npz {folder}/mnist.npz: 4000 train / 1000" in made.stdout
+    again = check(run([BIN / "python", ROOT / "tools" / "get_data.py", folder, "--shipped"], timeout=120))
+    assert "already holds" in again.stdout
+    result, _ = job("polaris", tmp_path, 1, DATA_DIR=str(folder), RANKS_PER_NODE="2",
+                    TRAIN_ARGS=" ".join(QUICK))
+    out = check(result).stdout
+    assert f"MNIST from Keras npz {folder}/mnist.npz: 4000 train / 1000 test digits" in out
+    (words,) = launches(out, "polaris")
+    assert words[words.index("--data-dir") + 1] == str(folder)

@@ -74,6 +74,10 @@ set -- "${TRAIN_ARGS[@]}" "$@"
 step module load frameworks
 refuse_laptop_venv aurora
 
+# --- data: the compute nodes have no internet (only a proxy); MNIST goes there once, from a login
+# node: python3 tools/get_data.py DIR (submissions/README.md); the examples read it with --data-dir
+DATA_DIR=${DATA_DIR-${REPO_DIR:+$REPO_DIR/data}}
+
 # --- ranks: one per GPU tile ----------------------------------------------------------------------
 NNODES=$(nodes_in "$PBS_NODEFILE")
 RANKS_PER_NODE=${RANKS_PER_NODE:-12}     # 6 GPUs x 2 tiles, each tile its own device (FLAT)
@@ -87,8 +91,11 @@ step export OMP_NUM_THREADS=8 ZE_FLAT_DEVICE_HIERARCHY=FLAT
 step export CCL_PROCESS_LAUNCHER=pmix CCL_ATL_TRANSPORT=mpi CCL_KVS_MODE=mpi \
   FI_MR_CACHE_MONITOR=userfaultfd
 if ((NNODES > 1)); then step export CCL_KVS_CONNECTION_TIMEOUT=300; fi  # many nodes start slowly
-# rank 0 runs on the node file's first host (a dry run outside a job: this host)
-step export MASTER_ADDR="$(head -n 1 "$PBS_NODEFILE" 2>/dev/null || hostname)"
+# rank 0 runs on the node file's first host (a dry run outside a job: this host), reached over the
+# Slingshot network: the node file names the management one (x...n0.hostmgmt2000.cm...), ALCF's
+# PyTorch guide (read 2026-11-27) and ezpz use <host>.hsn.cm.aurora.alcf.anl.gov
+FIRST_HOST=$(head -n 1 "$PBS_NODEFILE" 2>/dev/null || hostname)
+step export MASTER_ADDR="${FIRST_HOST%%.*}${MASTER_DOMAIN-.hsn.cm.aurora.alcf.anl.gov}"
 
 # --- launch: all ranks at once (scale.sh: one run at 1, 2, 4, ... ranks each) ---------------------
 RANKS=$(ranks_to_run "$NRANKS")  # all at once; scale.sh: 1 2 4 ...

@@ -68,12 +68,21 @@ step module load conda
 step conda activate
 refuse_laptop_venv polaris
 
+# --- data: the compute nodes have no internet (only a proxy); MNIST goes there once, from a login
+# node: python3 tools/get_data.py DIR (submissions/README.md); the examples read it with --data-dir
+DATA_DIR=${DATA_DIR-${REPO_DIR:+$REPO_DIR/data}}
+
 # --- ranks: one per GPU ---------------------------------------------------------------------------
 NNODES=$(nodes_in "$PBS_NODEFILE")
 RANKS_PER_NODE=${RANKS_PER_NODE:-4}      # 4 A100 per node
 NRANKS=$((NNODES * RANKS_PER_NODE))
 DEPTH=$((32 / RANKS_PER_NODE))           # the node's 32 cores shared by its ranks: 8 each
 step export OMP_NUM_THREADS="$DEPTH"
+# rank 0 runs on the node file's first host (a dry run outside a job: this host), reached over the
+# Slingshot network: <host>.hsn.cm.polaris.alcf.anl.gov, as ALCF's Polaris DDP examples (read
+# 2026-11-27: ai-science-training-series 01-AI-at-Scale)
+FIRST_HOST=$(head -n 1 "$PBS_NODEFILE" 2>/dev/null || hostname)
+step export MASTER_ADDR="${FIRST_HOST%%.*}${MASTER_DOMAIN-.hsn.cm.polaris.alcf.anl.gov}"
 
 # --- NCCL between nodes: ALCF's recommended settings, opt-in (qsub -v POLARIS_NCCL_TUNING=1) ------
 OFI_NCCL=${POLARIS_OFI_NCCL_DIR:-/soft/libraries/aws-ofi-nccl/v1.9.1-aws/lib}

@@ -68,15 +68,25 @@ step module load conda
 step conda activate base
 refuse_laptop_venv sophia
 
+# --- data: the compute nodes have no internet (only a proxy); MNIST goes there once, from a login
+# node: python3 tools/get_data.py DIR (submissions/README.md); the examples read it with --data-dir
+DATA_DIR=${DATA_DIR-${REPO_DIR:+$REPO_DIR/data}}
+
 # --- ranks: one per GPU ---------------------------------------------------------------------------
-NNODES=$(nodes_in "$PBS_NODEFILE")
-RANKS_PER_NODE=${RANKS_PER_NODE:-8}      # 8 A100 per node (a by-gpu job: the GPUs you asked for)
+NNODES=$(nodes_in "$PBS_NODEFILE")      # hosts: a by-gpu job's node file names one per GPU chunk
+LINES=$(grep -c '[^[:space:]]' "$PBS_NODEFILE" 2>/dev/null || true)
+if ((${LINES:-0} > NNODES)); then        # by-gpu (running-jobs.md): one rank per GPU chunk
+  RANKS_PER_NODE=${RANKS_PER_NODE:-$((LINES / NNODES))}
+fi
+RANKS_PER_NODE=${RANKS_PER_NODE:-8}      # by-node: 8 A100 per node
 NRANKS=$((NNODES * RANKS_PER_NODE))
 step export OMP_NUM_THREADS=16           # 2 x 64 cores, 16 per GPU
-# rank 0 runs on the node file's first host (a dry run outside a job: this host)
-# and listens on 29500 + the job number mod 1000: by-gpu jobs share nodes, and so would one port
+# rank 0 runs on the node file's first host (a dry run outside a job: this host), by its name on
+# the lab network (<host>.lab.alcf.anl.gov, as ezpz writes it), and listens on 29500 + the job
+# number mod 1000: by-gpu jobs share nodes, and so would one port
 JOB_NUMBER=${PBS_JOBID%%[!0-9]*}
-step export MASTER_ADDR="$(head -n 1 "$PBS_NODEFILE" 2>/dev/null || hostname)" \
+FIRST_HOST=$(head -n 1 "$PBS_NODEFILE" 2>/dev/null || hostname)
+step export MASTER_ADDR="${FIRST_HOST%%.*}${MASTER_DOMAIN-.lab.alcf.anl.gov}" \
   MASTER_PORT="${MASTER_PORT:-$((29500 + 10#${JOB_NUMBER:-0} % 1000))}"
 
 # --- launch: all ranks at once (scale.sh: one run at 1, 2, 4, ... ranks each) ---------------------
