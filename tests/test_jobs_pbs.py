@@ -53,8 +53,8 @@ POLARIS_NCCL = [
 ]
 GPUS_PER_NODE = {"aurora": 12, "polaris": 4, "sophia": 8}  # Aurora: GPU tiles
 SETUP = {
-    "aurora": ["module load frameworks"],
-    "polaris": ["module use /soft/modulefiles", "module load conda", "conda activate"],
+    "aurora": ["module load frameworks/2025.3.1"],
+    "polaris": ["module use /soft/modulefiles", "module load conda/2025-09-25", "conda activate"],
     "sophia": ["module use /soft/modulefiles", "module load conda", "conda activate base"],
 }
 
@@ -164,19 +164,40 @@ def test_a_real_run_refuses_the_laptop_venv(tmp_path, machine, how):
 
 
 @pytest.mark.parametrize(
-    "example,reason",
+    "machine,example,reason",
     [
-        ("horovod-pytorch", "Horovod for PyTorch is no longer in Aurora"),
-        ("horovod-tensorflow", "no Intel GPU path"),
+        ("aurora", "horovod-pytorch", "Horovod for PyTorch is no longer in Aurora"),
+        ("aurora", "horovod-tensorflow", "no Intel GPU path"),
+        ("polaris", "horovod-pytorch", "not been in Polaris' conda module since conda/2025-09-25"),
+        ("polaris", "horovod-keras", "not been in Polaris' conda module since conda/2025-09-25"),
     ],
 )
-def test_aurora_refuses_horovod_with_its_reason(tmp_path, example, reason):
+def test_aurora_and_polaris_refuse_horovod_with_their_reason(tmp_path, machine, example, reason):
     for stem, dry in (("train", "1"), ("train", "0"), ("scale", "0")):
-        result, _ = job("aurora", tmp_path, 1, stem=stem, DRY_RUN=dry, EXAMPLE=example)
+        result, _ = job(machine, tmp_path, 1, stem=stem, DRY_RUN=dry, EXAMPLE=example)
         assert result.returncode != 0
         (line,) = result.stderr.splitlines()
         assert line.startswith("error: ") and reason in line and "EXAMPLE=ddp" in line
-        assert shim_calls(tmp_path) == [] and not launches(result.stdout, "aurora")
+        assert shim_calls(tmp_path) == [] and not launches(result.stdout, machine)
+
+
+@pytest.mark.parametrize("machine", PBS)
+def test_a_module_that_loads_no_framework_is_one_line_before_any_launch(tmp_path, machine):
+    """`module load` can load nothing and exit 0: right after it, python must import what the job
+    needs (torch; deepspeed for DeepSpeed), or the job stops naming the module."""
+    bad = tmp_path / "bad-bin"
+    bad.mkdir()
+    (bad / "python").write_text("#!/bin/bash\n[[ $1 == -c ]] && exit 1\nexec python3 \"$@\"\n")
+    (bad / "python").chmod(0o755)
+    for example, needs in (("ddp", "torch"), ("deepspeed", "torch,deepspeed")):
+        env = scheduler_env(machine, tmp_path, 1)
+        env.update(EXAMPLE=example, PATH=f"{bad}:{env['PATH']}")
+        result = run(job_command(SUB / machine / "train.sh", tmp_path), env=env, timeout=60)
+        assert result.returncode != 0
+        (line,) = result.stderr.splitlines()
+        module = {"aurora": "frameworks/2025.3.1", "polaris": "conda/2025-09-25", "sophia": "conda"}[machine]
+        assert line.startswith(f"error: python cannot import {needs} after 'module load {module}'"), line
+        assert not shim_launches(tmp_path)
 
 
 def test_bad_example_and_missing_node_file_are_one_line_errors(tmp_path):
@@ -355,9 +376,10 @@ RUNS = [
     for machine in PBS
     for nodes in (1, 2)
 ]
-RUNS += [
-    pytest.param("polaris", 1, example, id=f"polaris-1node-{example}")
-    for example in ("horovod-pytorch", "horovod-tensorflow", "deepspeed")
+RUNS += [  # Horovod on Sophia: Polaris' and Aurora's modules no longer have it
+    pytest.param(machine, 1, example, id=f"{machine}-1node-{example}")
+    for machine, example in (("sophia", "horovod-pytorch"), ("sophia", "horovod-tensorflow"),
+                             ("polaris", "deepspeed"))
 ]
 
 

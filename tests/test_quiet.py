@@ -3,6 +3,7 @@ every other warning stays, COURSE_VERBOSE=1 brings them all back; and the tools 
 asked (figures.py's PNGs go to runs/figures/ unless `--out assets`)."""
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -120,6 +121,10 @@ def test_doctor_explains_the_cpu_fallback_and_reports_intel_gpus():
     assert re.search(r"torch\.xpu available (True|False); Intel GPU devices: \d+|not in this torch build",
                      rows["Intel GPU"]), rows
     assert re.search(r"xccl backend available (True|False)|not in this torch build", rows["xccl"]), rows
+    # the network row: what this host's name resolves to, and on which interface (diagnose/hangs.md)
+    host = socket.gethostname()
+    assert re.search(rf"{re.escape(host)} resolves to ({re.escape(socket.gethostbyname(host))}) \(",
+                     rows["network"]), rows
     if not torch.cuda.is_available():
         assert "accelerator cpu (no GPU seen: DeepSpeed's CPU fallback" in rows["DeepSpeed"], rows
 

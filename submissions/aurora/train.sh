@@ -71,8 +71,19 @@ read -r -a TRAIN_ARGS <<< "${TRAIN_ARGS:-}"  # qsub passes no arguments: -v TRAI
 set -- "${TRAIN_ARGS[@]}" "$@"
 
 # --- environment: PyTorch (xpu, xccl), DeepSpeed and MPI from ALCF's frameworks module ------------
-step module load frameworks
+MODULE=${MODULE:-frameworks/2025.3.1}  # the version ALCF's PyTorch guide shows (read 2026-11-27)
+step module load "$MODULE"
 refuse_laptop_venv aurora
+# a module that loads nothing can exit 0 (ezpz's utils.sh): check that python has what the job needs
+case "$EXAMPLE" in
+  horovod-pytorch) NEEDS=torch,horovod.torch ;;
+  horovod-*) NEEDS=tensorflow,horovod.tensorflow ;;
+  deepspeed | zero) NEEDS=torch,deepspeed ;;
+  *) NEEDS=torch ;;
+esac
+[[ "${DRY_RUN:-0}" == 1 ]] || python -c "import $NEEDS" 2> /dev/null ||
+  fail "python cannot import $NEEDS after 'module load $MODULE': see 'module avail ${MODULE%%/*}'" \
+    "and pass another with qsub -v MODULE=..."
 
 # --- data: the compute nodes have no internet (only a proxy); MNIST goes there once, from a login
 # node: python3 tools/get_data.py DIR (submissions/README.md); the examples read it with --data-dir

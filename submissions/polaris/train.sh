@@ -58,15 +58,32 @@ fi
 
 # --- what runs ------------------------------------------------------------------------------------
 EXAMPLE=${EXAMPLE:-ddp}
+case "$EXAMPLE" in  # Horovod is not in Polaris' conda module: say so before anything is loaded
+  horovod-*) fail "Horovod has not been in Polaris' conda module since conda/2025-09-25" \
+    "(polaris/system-updates.md); conda/2024-04-29 has it, with torch 2.3, older than the" \
+    "lessons need (2.7): on Polaris use EXAMPLE=ddp or EXAMPLE=deepspeed" ;;
+esac
 SCRIPT=${SCRIPT:-$(example_script "$EXAMPLE")}  # yours: SCRIPT=/path/to/train.py
 read -r -a TRAIN_ARGS <<< "${TRAIN_ARGS:-}"  # qsub passes no arguments: -v TRAIN_ARGS="..."
 set -- "${TRAIN_ARGS[@]}" "$@"
 
-# --- environment: PyTorch, TensorFlow, Horovod, DeepSpeed and MPI from ALCF's conda module --------
+# --- environment: PyTorch, TensorFlow, DeepSpeed and MPI from ALCF's conda module -----------------
+# conda/2025-09-25: the default since 2025-10-24 (polaris/system-updates.md, read 2026-11-27)
+MODULE=${MODULE:-conda/2025-09-25}
 step module use /soft/modulefiles
-step module load conda
+step module load "$MODULE"
 step conda activate
 refuse_laptop_venv polaris
+# a module that loads nothing can exit 0 (ezpz's utils.sh): check that python has what the job needs
+case "$EXAMPLE" in
+  horovod-pytorch) NEEDS=torch,horovod.torch ;;
+  horovod-*) NEEDS=tensorflow,horovod.tensorflow ;;
+  deepspeed | zero) NEEDS=torch,deepspeed ;;
+  *) NEEDS=torch ;;
+esac
+[[ "${DRY_RUN:-0}" == 1 ]] || python -c "import $NEEDS" 2> /dev/null ||
+  fail "python cannot import $NEEDS after 'module load $MODULE': see 'module avail ${MODULE%%/*}'" \
+    "and pass another with qsub -v MODULE=..."
 
 # --- data: the compute nodes have no internet (only a proxy); MNIST goes there once, from a login
 # node: python3 tools/get_data.py DIR (submissions/README.md); the examples read it with --data-dir

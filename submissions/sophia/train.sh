@@ -63,10 +63,21 @@ read -r -a TRAIN_ARGS <<< "${TRAIN_ARGS:-}"  # qsub passes no arguments: -v TRAI
 set -- "${TRAIN_ARGS[@]}" "$@"
 
 # --- environment: PyTorch, TensorFlow, Horovod, DeepSpeed and Open MPI from ALCF's conda module ---
+MODULE=${MODULE:-conda}  # Sophia's guide names no version (read 2026-11-27): see module avail conda
 step module use /soft/modulefiles
-step module load conda
+step module load "$MODULE"
 step conda activate base
 refuse_laptop_venv sophia
+# a module that loads nothing can exit 0 (ezpz's utils.sh): check that python has what the job needs
+case "$EXAMPLE" in
+  horovod-pytorch) NEEDS=torch,horovod.torch ;;
+  horovod-*) NEEDS=tensorflow,horovod.tensorflow ;;
+  deepspeed | zero) NEEDS=torch,deepspeed ;;
+  *) NEEDS=torch ;;
+esac
+[[ "${DRY_RUN:-0}" == 1 ]] || python -c "import $NEEDS" 2> /dev/null ||
+  fail "python cannot import $NEEDS after 'module load $MODULE': see 'module avail ${MODULE%%/*}'" \
+    "and pass another with qsub -v MODULE=..."
 
 # --- data: the compute nodes have no internet (only a proxy); MNIST goes there once, from a login
 # node: python3 tools/get_data.py DIR (submissions/README.md); the examples read it with --data-dir
