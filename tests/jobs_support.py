@@ -174,8 +174,15 @@ def scheduler_env(machine, tmp_path, nodes, job_id="4242"):
     hosts = [socket.gethostname(), *(f"node{i}" for i in range(2, nodes + 1))]
     nodefile.write_text("".join(f"{host}\n" for host in hosts))
     env = dict.fromkeys(SETTINGS, "")
+    path = f"{shim_dir(tmp_path)}:/usr/local/bin:/usr/bin:/bin"
+    # scale.sh starts train.sh as a login shell (bash -l), which reads /etc/profile (it resets PATH)
+    # and then ~/.bash_profile: this one notes that it ran and puts the stand-ins back in front
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    (home / ".bash_profile").write_text(f'echo login-shell >> "$SHIM_LOG"\nexport PATH="{path}"\n')
     env.update(
-        PATH=f"{shim_dir(tmp_path)}:/usr/local/bin:/usr/bin:/bin",
+        HOME=str(home),
+        PATH=path,
         SHIM_LOG=str(tmp_path / "shim.log"),
         MASTER_PORT=str(free_port()),
         RUNS_DIR=str(tmp_path / "runs"),

@@ -178,7 +178,8 @@ def test_aurora_and_polaris_refuse_horovod_with_their_reason(tmp_path, machine, 
         assert result.returncode != 0
         (line,) = result.stderr.splitlines()
         assert line.startswith("error: ") and reason in line and "EXAMPLE=ddp" in line
-        assert shim_calls(tmp_path) == [] and not launches(result.stdout, machine)
+        login = ["login-shell"] if stem == "scale" else []  # scale.sh: train.sh in a login shell
+        assert shim_calls(tmp_path) == login and not launches(result.stdout, machine)
 
 
 @pytest.mark.parametrize("machine", PBS)
@@ -433,6 +434,8 @@ def test_polaris_sweep_runs_across_two_nodes(tmp_path):
     for n in (1, 2):
         assert [m["world_size"] for m in metrics(sweep / f"n{n}")] == [n]
     assert [int(c[c.index("-n") + 1]) for c in shim_launches(tmp_path)] == [1, 2]
+    # scale.sh ran train.sh in a login shell (where `module` is defined), then loaded the module
+    assert [c for c in shim_calls(tmp_path) if not c.startswith("[")] == ["login-shell", *SETUP["polaris"]]
     header = next(line for line in out.splitlines() if line.split()[:2] == ["ranks", "samples/s"])
     assert header.split()[2:4] == ["speedup", "efficiency"], header
 

@@ -20,4 +20,5 @@ done
 [[ -f "$REPO_DIR/submissions/plumbing.sh" ]] ||
   { echo "error: repository not found: qsub from inside it, or set REPO_DIR" >&2; exit 1; }
 export SWEEP=1 REPO_DIR
-exec bash "$REPO_DIR/submissions/sophia/train.sh" "$@"
+# a login shell, as PBS starts a job script: `module` is defined there (a plain `bash` may lack it)
+exec bash -l "$REPO_DIR/submissions/sophia/train.sh" "$@"
