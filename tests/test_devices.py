@@ -23,6 +23,7 @@ from support import (
     PP,
     ROOT,
     TP,
+    assert_each_rank_refused,
     check,
     error_lines,
     metrics,
@@ -206,3 +207,21 @@ def test_horovod_built_without_pytorch_is_one_line_that_names_ddp(tmp_path):
     errors = error_lines(result.stderr)
     assert len(errors) == 1 and "without PyTorch support" in errors[0] and "DDP/main.py" in errors[0], result.stderr
     assert "Traceback" not in result.stderr
+
+
+# A framework older than the lessons need (an ALCF module can be: Polaris' conda/2024-04-29 has
+# torch 2.3): one line naming the version found, on every rank, before any of the lesson runs. The
+# old version is a distribution record put first on the path; the check reads only that.
+@pytest.mark.parametrize("launch_with", ["python", "mpiexec", "torchrun"])
+def test_a_torch_older_than_the_lessons_need_is_one_line_on_every_rank(tmp_path, launch_with):
+    record = tmp_path / "old" / "torch-2.3.0.dist-info"
+    record.mkdir(parents=True)
+    (record / "METADATA").write_text("Metadata-Version: 2.1\nName: torch\nVersion: 2.3.0\n")
+    n = 1 if launch_with == "python" else 2
+    cmd = launch.launch_command(DDP, n, launch_with, ["--log-dir", tmp_path / "run"])
+    result = run(cmd, env={"PYTHONPATH": str(tmp_path / "old")}, timeout=120)
+    assert_each_rank_refused(result, "this lesson needs torch >= 2.7 (torch.accelerator", n, launch_with)
+    assert all("found 2.3.0" in line for line in error_lines(result.stderr))
+    if launch_with != "torchrun":  # (torchrun adds its own report of the workers' exit)
+        assert "Traceback" not in result.stderr
+    assert not (tmp_path / "run").exists()

@@ -9,6 +9,9 @@ traceback (the commonest first failure is running a lesson outside the environme
 TensorFlow, Horovod and DeepSpeed), and the libraries' lines that teach nothing are filtered
 (utils/quiet.py says which; COURSE_VERBOSE=1 shows them).
 """
+import importlib.abc
+import importlib.metadata
+import re
 import sys
 
 from utils import quiet
@@ -35,8 +38,35 @@ def _missing_framework_hook(kind, value, tb, default=sys.excepthook):
     sys.stderr.flush()
 
 
+# The oldest version each framework's lessons run on, and why: checked when a lesson first imports
+# it (an ALCF module can be older: Polaris' conda/2024-04-29 has torch 2.3).
+MINIMUM = {"torch": ((2, 7), "torch.accelerator.set_device_index, the lessons' step [2]")}
+
+
+class _OldFramework(importlib.abc.MetaPathFinder):
+    """At a framework's first import, its installed version (read from its metadata, before any of
+    it runs) against MINIMUM: too old is one line and exit 2, not an AttributeError mid-run."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name not in MINIMUM:
+            return None
+        sys.meta_path.remove(self)  # once
+        need, why = MINIMUM[name]
+        try:
+            found = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            return None  # not installed: the import fails, and _missing_framework_hook says so
+        if tuple(int(n) for n in re.findall(r"\d+", found)[:2]) < need:
+            from utils.errors import fail
+            fail(f"this lesson needs {name} >= {'.'.join(map(str, need))} ({why}); found {found} "
+                 f"({sys.executable}): load a newer module, or use the course's environment")
+        return None
+
+
 def course_output():
-    """Before the frameworks are imported: a missing one is one line; the libraries' noise is
-    filtered."""
+    """Before the frameworks are imported: a missing one is one line, one too old too; the
+    libraries' noise is filtered."""
     sys.excepthook = _missing_framework_hook
+    if "torch" not in sys.modules and not any(isinstance(f, _OldFramework) for f in sys.meta_path):
+        sys.meta_path.insert(0, _OldFramework())
     quiet.install()
