@@ -30,9 +30,11 @@ from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-from utils import data, ds_checkpoint, ds_config, failures, log, runfiles
+from utils import checks, data, ds_checkpoint, ds_config, failures, log
 from utils import dist as course  # which variables each launcher sets; metrics functions
-from utils.parse_args import deepspeed_flags, finished_already, get_parser, parse, resuming
+from utils.errors import fail
+from utils.framework_flags import deepspeed_flags
+from utils.parse_args import get_parser
 from utils.schedule import lr_at, scaled_lr
 from utils.torch_utils import (
     Net,
@@ -84,8 +86,8 @@ def evaluate(engine, loader):
 
 
 def main():
-    args = parse(deepspeed_flags(get_parser(__doc__)))
-    if finished_already(args):  # --resume auto on a run that is done: touch nothing
+    args = checks.parse(deepspeed_flags(get_parser(__doc__)))
+    if checks.finished_already(args):  # --resume auto on a run that is done: touch nothing
         return
     course.default_extensions_dir()  # JIT-built ops (cpu_adam): cached outside the checkout
     wall_start = time.perf_counter()
@@ -108,8 +110,8 @@ def main():
                                timeout=timedelta(seconds=args.dist_timeout))  # DeepSpeed's comm
     env = replace(env, device=device, backend=backend, num_threads=num_threads)  # env, now complete
     log.configure(env.rank, env.local_rank, args.log_all_ranks)
-    log_dir = args.log_dir or course.broadcast_object(runfiles.default_log_dir("deepspeed"))
-    run = runfiles.RunLog(log_dir, env.is_main)
+    log_dir = args.log_dir or course.broadcast_object(log.default_log_dir("deepspeed"))
+    run = log.RunLog(log_dir, env.is_main)
     ds = ds_config.load(args, env.world_size, DEFAULT_CONFIG)  # the JSON file + the flags, checked
     log.info(f"{FRAMEWORK} {deepspeed.__version__}: {env.world_size} rank(s) via {env.launcher}, "
              f"device {env.device}, backend {env.backend}, {env.num_threads} thread(s) per rank, "
@@ -147,15 +149,15 @@ def main():
     test_loader = DataLoader(test_set, batch_size=args.test_batch_size, sampler=DistributedSampler(
         test_set, num_replicas=env.world_size, rank=env.rank, shuffle=False))
 
-    checkpoint = runfiles.checkpoint_folder(args.checkpoint_dir, log_dir)
+    checkpoint = log.checkpoint_folder(args.checkpoint_dir, log_dir)
     first_epoch = 1
-    if resuming(args):  # [8] every rank loads its own ZeRO partition of the optimizer state
+    if checks.resuming(args):  # [8] every rank loads its own ZeRO partition of the optimizer state
         try:
             loaded, client_state = engine.load_checkpoint(checkpoint)
         except Exception as exc:  # truncated, or of another model / stage / world size
-            log.fail(ds_checkpoint.not_loaded(checkpoint, exc))  # says how to change world size
+            fail(ds_checkpoint.not_loaded(checkpoint, exc))  # says how to change world size
         if loaded is None:
-            log.fail(f"--resume: no DeepSpeed checkpoint in {checkpoint} (no 'latest' file)")
+            fail(f"--resume: no DeepSpeed checkpoint in {checkpoint} (no 'latest' file)")
         first_epoch = client_state["epoch"] + 1
         log.info(f"resumed from {loaded}: continuing at epoch {first_epoch}")
     run.keep_epochs_before(first_epoch)
@@ -179,7 +181,7 @@ def main():
                             device=env.device)
         dist.all_reduce(sums, op=dist.ReduceOp.SUM)  # [7] metrics summed over ranks
         run.epoch_end(epoch, sums.tolist(), engine.optimizer.param_groups[0]["lr"],
-                      time.perf_counter() - start, train_time, env, FRAMEWORK)
+                      time.perf_counter() - start, train_time)
         # [8] a collective: every rank writes its partition, then rank 0 points `latest` at the tag
         ds_checkpoint.save(engine, checkpoint, f"epoch{epoch}", {"epoch": epoch}, env.is_main)
 

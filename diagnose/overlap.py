@@ -42,8 +42,9 @@ import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from utils import data, failures, log, runfiles
+from utils import data, failures, log
 from utils import dist as course
+from utils.errors import fail
 from utils.torch_utils import Net, to_tensors
 
 DEFAULT = [
@@ -216,7 +217,7 @@ def main():
     env = course.export_rendezvous(course.discover())
     torch.set_num_threads(args.num_threads)
     if env.world_size < 2:
-        log.fail(
+        fail(
             "overlap: run it with 2 ranks, e.g. torchrun --nproc_per_node 2 diagnose/overlap.py"
         )
     dist.init_process_group("gloo", rank=env.rank, world_size=env.world_size)
@@ -314,7 +315,7 @@ def main():
     )
     log.info("\n".join(lines))
     if env.is_main and args.json:
-        runfiles.write_json(
+        log.write_json(
             args.json,
             dict(
                 world_size=n,

@@ -34,9 +34,8 @@ from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
 from model_parallel import common  # the MLP, and the counters behind summary.json
-from utils import data, failures, log, runfiles
+from utils import checks, data, failures, log
 from utils import dist as course
-from utils.parse_args import parse
 from utils.torch_utils import save_checkpoint, steps_per_epoch, to_tensors
 
 FRAMEWORK = "pytorch-pipeline-parallel"
@@ -109,7 +108,7 @@ def evaluate(part, loader, env, width):
 
 
 def main():
-    args = parse(common.parser(__doc__, schedules=sorted(SCHEDULES)))  # + --micro-batches
+    args = checks.parse(common.parser(__doc__, schedules=sorted(SCHEDULES)))  # + --micro-batches
     common.check_shared_flags(args)
     wall_start = time.perf_counter()
 
@@ -131,8 +130,8 @@ def main():
                                 store=course.restart_store(env))
     env = replace(env, device=device, backend=backend, num_threads=num_threads)  # env, now complete
     log.configure(env.rank, env.local_rank, args.log_all_ranks)
-    log_dir = args.log_dir or course.broadcast_object(runfiles.default_log_dir("pipeline-parallel"))
-    run = runfiles.RunLog(log_dir, env.is_main)
+    log_dir = args.log_dir or course.broadcast_object(log.default_log_dir("pipeline-parallel"))
+    run = log.RunLog(log_dir, env.is_main)
     log.info(f"{FRAMEWORK}: {stages} stage(s) via {env.launcher}, {args.schedule}, "
              f"{k} micro-batches of {args.batch_size // k}, device {env.device}, "
              f"backend {env.backend}, {env.num_threads} thread(s)/rank")
@@ -172,8 +171,7 @@ def main():
                             dtype=torch.float64, device=env.device)
         if env.distributed:  # [7] Metrics: only the last stage has them; it sends them to all
             dist.broadcast(sums, src=stages - 1)
-        run.epoch_end(epoch, sums.tolist(), args.lr, time.perf_counter() - start, train_time, env,
-                      FRAMEWORK)
+        run.epoch_end(epoch, sums.tolist(), args.lr, time.perf_counter() - start, train_time)
 
     # --- summary: the whole model (stages gathered), what each stage holds, sent and waited for ---
     state = {}

@@ -34,9 +34,9 @@ from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
 from model_parallel import common  # the MLP, and the counters behind summary.json
-from utils import data, failures, log, runfiles
+from utils import checks, data, failures, log
 from utils import dist as course
-from utils.parse_args import parse, positive_int
+from utils.parse_args import positive_int
 from utils.schedule import lr_at, scaled_lr
 from utils.torch_utils import save_checkpoint, steps_per_epoch, to_tensors
 
@@ -96,7 +96,7 @@ def main():
     p.add_argument("--dp", type=positive_int, default=1,
                    help="data-parallel replicas: the ranks form a dp x tp mesh, "
                         "tp = world size / dp")
-    args = parse(p)
+    args = checks.parse(p)
     common.check_shared_flags(args)
     wall_start = time.perf_counter()
 
@@ -121,8 +121,8 @@ def main():
     env = replace(env, device=device, backend=backend, num_threads=num_threads)  # env, now complete
     dp_rank = mesh.get_local_rank("dp") if mesh else 0
     log.configure(env.rank, env.local_rank, args.log_all_ranks)
-    log_dir = args.log_dir or course.broadcast_object(runfiles.default_log_dir("tensor-parallel"))
-    run = runfiles.RunLog(log_dir, env.is_main)
+    log_dir = args.log_dir or course.broadcast_object(log.default_log_dir("tensor-parallel"))
+    run = log.RunLog(log_dir, env.is_main)
     log.info(f"{FRAMEWORK}: {env.world_size} rank(s) via {env.launcher} = {args.dp} dp x {tp} tp, "
              f"device {env.device}, backend {env.backend}, {env.num_threads} thread(s) per rank")
 
@@ -174,7 +174,7 @@ def main():
             #     samples).
             dist.all_reduce(sums, op=dist.ReduceOp.SUM, group=mesh.get_group("dp"))
         run.epoch_end(epoch, sums.tolist(), optimizer.param_groups[0]["lr"],
-                      time.perf_counter() - start, train_time, env, FRAMEWORK)
+                      time.perf_counter() - start, train_time)
 
     # --- summary: the whole model (slices gathered), what each rank holds, what it sent -----------
     # The full weights: each DTensor's slices gathered (a collective over tp).

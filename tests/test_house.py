@@ -79,11 +79,11 @@ def test_no_lesson_and_no_utils_module_imports_the_tools():
 
 
 def test_one_rule_says_where_a_checkpoint_lives():
-    """utils/runfiles.py's checkpoint_folder: no lesson spells out <log dir>/checkpoints itself."""
+    """utils/log.py's checkpoint_folder: no lesson spells out <log dir>/checkpoints itself."""
     spelled = [str(p.relative_to(ROOT)) for p in [*LESSONS, *UTILS.values()] if '"checkpoints"' in p.read_text()]
-    assert spelled == ["utils/runfiles.py"], spelled
+    assert spelled == ["utils/log.py"], spelled
     sys.path.append(str(ROOT))
-    from utils.runfiles import checkpoint_folder
+    from utils.log import checkpoint_folder
     assert checkpoint_folder(None, "runs/x") == Path("runs/x/checkpoints")
     assert checkpoint_folder("/ckpt", "runs/x") == Path("/ckpt")
     assert checkpoint_folder(None, None) is None
@@ -95,7 +95,8 @@ def test_the_backend_is_checked_by_one_function_before_and_after_the_device_is_p
     code = (
         "import sys; sys.path.append(sys.argv[1]); import torch\n"
         "from utils.dist import backend_problem\n"
-        "from utils.parse_args import get_parser, parse\n"
+        "from utils.checks import parse\n"
+        "from utils.parse_args import get_parser\n"
         "print(backend_problem('nccl', 'cpu'), flush=True)\n"
         "parse(get_parser('x'), ['--backend', 'nccl', '--device', 'cpu'])\n"
     )

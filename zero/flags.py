@@ -1,6 +1,7 @@
 """The flags of zero/main.py that decide what is trained, and their checks: zero/report.py takes the
 same flags and passes them on to every launch."""
-from utils.parse_args import check_paths, non_negative_int, positive_float, positive_int
+from utils.checks import check_paths
+from utils.parse_args import non_negative_int, positive_float, positive_int
 
 
 def model_flags(p):

@@ -42,9 +42,10 @@ from torch.distributed.fsdp import fully_shard
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-from utils import data, failures, log, runfiles
+from utils import data, failures, log
 from utils import dist as course  # which variables each launcher sets
-from utils.parse_args import Parser, check_paths, non_negative_int, positive_float, positive_int
+from utils.checks import check_paths
+from utils.parse_args import Parser, non_negative_int, positive_float, positive_int
 
 
 def flags():
@@ -165,9 +166,9 @@ def main():
     result.update(saved_checksum=checksum(model, optimizer), losses=losses,
                   step=start + args.steps)
     if rank == 0:
-        runfiles.atomic_write(folder / "latest", lambda f: f.write(tag))
+        log.atomic_write(folder / "latest", lambda f: f.write(tag))
         if args.json:
-            runfiles.write_json(args.json, result)
+            log.write_json(args.json, result)
     log.info(f"saved {folder / tag} from {n} rank(s); weights + Adam state checksum "
              f"{result['saved_checksum']}")
     dist.barrier()

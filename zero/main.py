@@ -38,8 +38,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-from utils import data, failures, log, runfiles
+from utils import data, failures, log
 from utils import dist as course  # which variables each launcher sets
+from utils.errors import fail
 from utils.parse_args import Parser
 from zero import census
 from zero.flags import check, model_flags  # what is trained, checked: shared with report.py
@@ -83,7 +84,7 @@ def main():
     log.configure(env.rank)
     rank, n = env.rank, env.world_size
     if args.steps * args.batch_size * n > data.SHIPPED_TRAIN:  # bad input too (n is known by now)
-        log.fail(f"--steps {args.steps} x --batch-size {args.batch_size} x {n} ranks needs more "
+        fail(f"--steps {args.steps} x --batch-size {args.batch_size} x {n} ranks needs more "
                  f"than the {data.SHIPPED_TRAIN:,} training digits")
     # [2] Pin this rank: --device cuda/xpu: GPU number LOCAL_RANK; cpu: a share of the cores
     device = course.pick_device(args.device, env.local_rank)
@@ -183,14 +184,14 @@ def main():
     elapsed = time.perf_counter() - start
 
     held.update(rank=rank, peak_rss=census.peak_rss_bytes(), base_rss=base_rss, setup_rss=setup_rss,
-                peak_is_training_only=peak_reset, peak_gpu_mb=runfiles.peak_accelerator_mb())
+                peak_is_training_only=peak_reset, peak_gpu_mb=log.peak_accelerator_mb())
     result = dict(variant=args.variant, label=label, stage=stage, offload=offload, ranks=n, psi=psi,
                   hidden=args.hidden, layers=args.layers, batch_size=args.batch_size, device=device,
                   backend=backend, steps=args.steps, losses=losses, train_time_s=elapsed,
                   per_rank=course.gather_object(held), formula=census.formula(stage, psi, n))
     log.info(census.describe(result))
     if rank == 0 and args.json:  # [8] one writer: rank 0 writes the file (atomically)
-        runfiles.write_json(args.json, result)
+        log.write_json(args.json, result)
     dist.barrier()
     dist.destroy_process_group()
 

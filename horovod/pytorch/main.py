@@ -24,9 +24,11 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-from utils import data, failures, log, runfiles
+from utils import checks, data, failures, log
 from utils import dist as course  # which variables each launcher sets; Horovod's CPU knobs
-from utils.parse_args import clip_flag, finished_already, get_parser, horovod_flags, parse, resuming
+from utils.errors import UserError, fail
+from utils.framework_flags import horovod_flags
+from utils.parse_args import clip_flag, get_parser
 from utils.schedule import lr_at, scaled_lr
 from utils.torch_utils import (
     Net,
@@ -87,8 +89,8 @@ def evaluate(model, loader):
 
 
 def main():
-    args = parse(clip_flag(horovod_flags(get_parser(__doc__, backend=False), backward_passes=True)))
-    if finished_already(args):  # --resume auto on a run that is done: touch nothing
+    args = checks.parse(clip_flag(horovod_flags(get_parser(__doc__, backend=False), backward_passes=True)))
+    if checks.finished_already(args):  # --resume auto on a run that is done: touch nothing
         return
     wall_start = time.perf_counter()
 
@@ -100,7 +102,7 @@ def main():
     # [2] Pin this rank to one device: GPU number = local rank. On CPUs: its share of the cores.
     device = course.pick_device(args.device, hvd.local_rank())
     if device.startswith("xpu"):  # no Intel GPU support in Horovod (nor on Aurora)
-        log.fail(f"Horovod cannot train on {device}: on Intel GPUs (Aurora) use DDP/main.py (xccl)")
+        fail(f"Horovod cannot train on {device}: on Intel GPUs (Aurora) use DDP/main.py (xccl)")
     if device.startswith("cuda"):
         torch.cuda.set_device(device)
     num_threads = course.threads_per_rank(args.num_threads, hvd.local_size())
@@ -111,11 +113,11 @@ def main():
                          num_threads=num_threads)
     log.configure(env.rank, env.local_rank, args.log_all_ranks)
     if args.use_adasum and not hvd.mpi_enabled():
-        raise log.UserError("--use-adasum needs the MPI controller (mpiexec, horovodrun --mpi): "
+        raise UserError("--use-adasum needs the MPI controller (mpiexec, horovodrun --mpi): "
                             "gloo has no Adasum")
-    log_dir = args.log_dir or hvd.broadcast_object(runfiles.default_log_dir("horovod-pytorch"),
+    log_dir = args.log_dir or hvd.broadcast_object(log.default_log_dir("horovod-pytorch"),
                                                    root_rank=0)
-    run = runfiles.RunLog(log_dir, env.is_main)
+    run = log.RunLog(log_dir, env.is_main)
     log.info(f"{FRAMEWORK}: {env.world_size} rank(s) via {env.launcher}, device {env.device}, "
              f"{env.backend} controller, {env.num_threads} thread(s) per rank, "
              f"HOROVOD_CYCLE_TIME {knobs['HOROVOD_CYCLE_TIME']}")
@@ -149,10 +151,10 @@ def main():
         compression=hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none,
         op=hvd.Adasum if args.use_adasum else hvd.Average,
         gradient_predivide_factor=args.gradient_predivide_factor, backward_passes_per_step=A)
-    checkpoint = runfiles.checkpoint_folder(args.checkpoint_dir, log_dir) / "checkpoint.pt"
+    checkpoint = log.checkpoint_folder(args.checkpoint_dir, log_dir) / "checkpoint.pt"
     first_epoch = 1
     # [8] rank 0 reads the checkpoint; [5] hands it to every rank
-    if resuming(args) and env.is_main:
+    if checks.resuming(args) and env.is_main:
         state = load_checkpoint(checkpoint, env.device)
         first_epoch = restore(model, optimizer, state, checkpoint) + 1
         log.info(f"resumed from {checkpoint}: continuing at epoch {first_epoch}")
@@ -181,7 +183,7 @@ def main():
         sums = torch.tensor(train + evaluate(model, test_loader), dtype=torch.float64)
         sums = hvd.allreduce(sums, op=hvd.Sum, name="metrics")  # [7] metrics summed over ranks
         run.epoch_end(epoch, sums.tolist(), optimizer.param_groups[0]["lr"],
-                      time.perf_counter() - start, train_time, env, FRAMEWORK)
+                      time.perf_counter() - start, train_time)
         if env.is_main:  # [8] one writer; the file is replaced atomically
             save_checkpoint(checkpoint, {"model": model.state_dict(),
                                          "optimizer": optimizer.state_dict(), "epoch": epoch})

@@ -24,10 +24,11 @@ utils.course_output()  # course plumbing: a missing framework is one line; noise
 import tensorflow as tf
 import tf_keras
 
-from utils import data, failures, log, runfiles
+from utils import checks, data, failures, log
 from utils import dist as course  # which variables each launcher sets; Horovod's CPU knobs
 from utils.board import Board
-from utils.parse_args import get_parser, parse
+from utils.errors import UserError
+from utils.parse_args import get_parser
 from utils.schedule import scaled_lr
 from utils.tf_utils import build_model, checksum, configure_tf, images, one_thread
 
@@ -79,14 +80,14 @@ class EpochLog(tf.keras.callbacks.Callback):
         train_time = float(hvd_tf.allreduce(train_time, op=hvd_tf.Max, name="max"))
         lr = float(tf.keras.backend.get_value(self.model.optimizer.learning_rate))
         self.run.epoch_end(epoch + 1, sums.tolist(), lr, time.perf_counter() - self.start,
-                           train_time, self.env, FRAMEWORK)
+                           train_time)
 
 
 def main():
-    args = parse(get_parser(__doc__, backend=False))
+    args = checks.parse(get_parser(__doc__, backend=False))
     for flag, given in (("--grad-accum", args.grad_accum != 1), ("--resume", args.resume)):
         if given:
-            raise log.UserError(f"{flag} is implemented in horovod/tensorflow/main.py, "
+            raise UserError(f"{flag} is implemented in horovod/tensorflow/main.py, "
                                 "not in this Keras-API example")
     wall_start = time.perf_counter()
 
@@ -101,9 +102,9 @@ def main():
                          course.discover().launcher, device=device, backend=controller,
                          num_threads=num_threads)
     log.configure(env.rank, env.local_rank, args.log_all_ranks)
-    log_dir = args.log_dir or hvd_tf.broadcast_object(runfiles.default_log_dir("horovod-keras"),
+    log_dir = args.log_dir or hvd_tf.broadcast_object(log.default_log_dir("horovod-keras"),
                                                       root_rank=0)
-    run = runfiles.RunLog(log_dir, env.is_main)
+    run = log.RunLog(log_dir, env.is_main)
     log.info(f"{FRAMEWORK}: {env.world_size} rank(s) via {env.launcher}, device {env.device}, "
              f"{env.backend} controller, {env.num_threads} thread(s) per rank, "
              f"HOROVOD_CYCLE_TIME {knobs['HOROVOD_CYCLE_TIME']}")

@@ -22,9 +22,11 @@ import horovod.tensorflow as hvd
 import keras
 import tensorflow as tf
 
-from utils import data, failures, log, runfiles
+from utils import checks, data, failures, log
 from utils import dist as course  # which variables each launcher sets; Horovod's CPU knobs
-from utils.parse_args import finished_already, get_parser, horovod_flags, parse, resuming
+from utils.errors import UserError
+from utils.framework_flags import horovod_flags
+from utils.parse_args import get_parser
 from utils.schedule import lr_at, scaled_lr
 from utils.tf_utils import build_model, checksum, configure_tf, images, one_thread, restore_latest
 
@@ -99,11 +101,11 @@ def evaluate(model, dataset):
 
 
 def main():
-    args = parse(horovod_flags(get_parser(__doc__, backend=False)))
-    if finished_already(args):  # --resume auto on a run that is done: touch nothing
+    args = checks.parse(horovod_flags(get_parser(__doc__, backend=False)))
+    if checks.finished_already(args):  # --resume auto on a run that is done: touch nothing
         return
     if args.grad_accum != 1:
-        raise log.UserError("--grad-accum is implemented in the PyTorch examples only")
+        raise UserError("--grad-accum is implemented in the PyTorch examples only")
     wall_start = time.perf_counter()
 
     # --- set up distributed ----------------------------------------------------------------------
@@ -121,11 +123,11 @@ def main():
                          num_threads=num_threads)
     log.configure(env.rank, env.local_rank, args.log_all_ranks)
     if args.use_adasum and not hvd.mpi_enabled():
-        raise log.UserError("--use-adasum needs the MPI controller (mpiexec, horovodrun --mpi): "
+        raise UserError("--use-adasum needs the MPI controller (mpiexec, horovodrun --mpi): "
                             "gloo has no Adasum")
-    log_dir = args.log_dir or hvd.broadcast_object(runfiles.default_log_dir("horovod-tensorflow"),
+    log_dir = args.log_dir or hvd.broadcast_object(log.default_log_dir("horovod-tensorflow"),
                                                    root_rank=0)
-    run = runfiles.RunLog(log_dir, env.is_main)
+    run = log.RunLog(log_dir, env.is_main)
     log.info(f"{FRAMEWORK}: {env.world_size} rank(s) via {env.launcher}, device {env.device}, "
              f"{env.backend} controller, {env.num_threads} thread(s) per rank, "
              f"HOROVOD_CYCLE_TIME {knobs['HOROVOD_CYCLE_TIME']}")
@@ -148,9 +150,9 @@ def main():
     optimizer.build(model.trainable_variables)  # the momentum slots now, so that [5] can send them
     epoch_var = tf.Variable(0, dtype=tf.int64)
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, epoch=epoch_var)
-    folder = str(runfiles.checkpoint_folder(args.checkpoint_dir, log_dir))
+    folder = str(log.checkpoint_folder(args.checkpoint_dir, log_dir))
     manager = tf.train.CheckpointManager(checkpoint, folder, max_to_keep=2)
-    if resuming(args) and env.is_main:  # [8] rank 0 restores; [5] hands the state to every rank
+    if checks.resuming(args) and env.is_main:  # [8] rank 0 restores; [5] hands the state to every rank
         restored = restore_latest(checkpoint, manager)  # one line if it is missing or does not fit
         log.info(f"resumed from {restored}: continuing at epoch {int(epoch_var) + 1}")
     first_epoch = hvd.broadcast_object(int(epoch_var), root_rank=0) + 1
@@ -181,7 +183,7 @@ def main():
         sums = tf.constant(list(train) + evaluate(model, test_set), tf.float64)
         sums = hvd.allreduce(sums, op=hvd.Sum, name="metrics")  # [7] metrics summed over ranks
         run.epoch_end(epoch, sums.numpy().tolist(), float(optimizer.learning_rate.numpy()),
-                      time.perf_counter() - start, train_time, env, FRAMEWORK)
+                      time.perf_counter() - start, train_time)
         epoch_var.assign(epoch)
         if env.is_main:  # [8] one writer; TensorFlow writes to temporary files and renames
             manager.save()

@@ -12,7 +12,7 @@ COURSE_FAIL_AT=<rank>:<epoch>:<step>[:kill]
     itself with ``:kill`` (no cleanup at all, like a node that died). It fires on a first attempt only: not in a
     worker that torchrun restarted (TORCHELASTIC_RESTART_COUNT > 0), so an elastic job recovers.
 COURSE_DIE_IN_WRITE=<file name>:<n>
-    The n-th atomic write (utils.runfiles.atomic_write) of a file of that name in this process stops half-way:
+    The n-th atomic write (utils.log.atomic_write) of a file of that name in this process stops half-way:
     half of the bytes in the temporary file, then SIGKILL, before the rename. The previous file must survive.
 COURSE_DIE_ON_FILE=<glob>
     For writers that are not ours (TensorFlow's CheckpointManager): a thread watches for a path matching the
@@ -64,7 +64,7 @@ def at_step(rank, epoch, step):
 
 
 def in_write(path, f, tmp):
-    """Called (through the wrapper of utils.runfiles.atomic_write) after the data reached the temporary file `tmp`,
+    """Called (through the wrapper of utils.log.atomic_write) after the data reached the temporary file `tmp`,
     before the fsync and the rename."""
     spec = os.environ.get("COURSE_DIE_IN_WRITE")
     if not spec:
@@ -158,7 +158,7 @@ def _watch(pattern):
 def install():
     """Wrap utils/log.py's Progress.update and utils/runfiles.py's atomic_write (imported here first, so every
     later `from utils.runfiles import atomic_write` gets the wrapper), and start the file watcher if asked."""
-    from utils import log, runfiles
+    from utils import log
 
     update = log.Progress.update
 
@@ -168,7 +168,7 @@ def install():
         planted_at_step(log._RANK, self.epoch, step)
     log.Progress.update = update_and_maybe_fail
 
-    atomic_write = runfiles.atomic_write
+    atomic_write = log.atomic_write
 
     def atomic_write_and_maybe_die(path, write_fn, mode="w"):
         def write_then_check(f):
@@ -176,7 +176,7 @@ def install():
             f.flush()
             in_write(path, f, os.readlink(f"/proc/self/fd/{f.fileno()}"))  # the temporary file's name
         return atomic_write(path, write_then_check, mode)
-    runfiles.atomic_write = atomic_write_and_maybe_die
+    log.atomic_write = atomic_write_and_maybe_die
     _install_plants(log)
 
     if os.environ.get("COURSE_DIE_ON_FILE"):

@@ -1,0 +1,187 @@
+"""Course plumbing: the checks that make bad input one line and exit 2 on every rank, before any
+process group exists: paths that cannot be used, an impossible device or backend, --resume without
+a checkpoint. utils/parse_args.py's types check single values; this checks what they cannot.
+"""
+import os
+import sys
+import tempfile
+
+from utils import log
+from utils.dist import backend_problem, discover
+from utils.errors import fail, record_for_torchrun
+from utils.failures import note_args
+from utils.log import checkpoint_folder
+from utils.runfiles import epochs_done, has_checkpoint, note_default_log_dir, note_new_folder
+
+
+def _recorded_error(parser):
+    """argparse's one line, also into torchrun's error file (its report then names it)."""
+    def error(message):
+        line = f"{parser.prog}: error: {message} (see {parser.prog} --help)"
+        record_for_torchrun(line)
+        parser.exit(2, line + "\n")
+    return error
+
+
+def device_problem(device):
+    """--device cuda or xpu where torch sees none, as one line, or None."""
+    import torch
+    module = getattr(torch, device, None)
+    if device in ("cuda", "xpu") and not (module is not None and module.is_available()):
+        return (f"--device {device}: this torch ({torch.__version__}) sees no {device} device "
+                f"(torch.{device}.is_available() is False); use --device cpu or auto")
+    return None
+
+
+def resume_check(args):
+    """Before the lesson starts: --resume with no checkpoint is one line, exit 2; --resume auto
+    with none says so (rank 0) and the lesson starts at epoch 1."""
+    folder = checkpoint_folder(args.checkpoint_dir, args.log_dir)
+    if args.resume is True and not has_checkpoint(folder):
+        fail(f"--resume: no checkpoint at {folder}")
+    if args.resume == "auto" and not has_checkpoint(folder) and discover().rank == 0:
+        print(f"--resume auto: no checkpoint in {folder}: starting at epoch 1", flush=True)
+
+
+def checkpoint_exists(args):
+    return has_checkpoint(checkpoint_folder(args.checkpoint_dir, args.log_dir))
+
+
+def resuming(args):
+    """Whether this run continues from a checkpoint: --resume (the lesson then refuses a missing
+    one), or --resume auto when there is one. --resume auto without one says so (rank 0) and starts
+    at epoch 1."""
+    if args.resume != "auto":
+        return bool(args.resume)
+    if checkpoint_exists(args):
+        return True
+    folder = checkpoint_folder(args.checkpoint_dir, args.log_dir)
+    log.info(f"--resume auto: no checkpoint in {folder}: starting at epoch 1")
+    return False
+
+
+def finished_already(args):
+    """True for --resume auto on a run that has done all its --epochs (a restarted job that had
+    finished): rank 0 says so; the lesson then returns before touching any file."""
+    done = epochs_done(args.log_dir)
+    if args.resume != "auto" or not checkpoint_exists(args) or done < args.epochs:
+        return False
+    if discover().rank == 0:
+        print(f"--resume auto: {args.log_dir} has finished {done} of {args.epochs} epoch(s) "
+              "already: nothing left to do", flush=True)
+    return True
+
+
+
+# Every flag that names a path, by what the run does with it. Checked before anything starts, so an
+# unusable path is one line on every rank (naming the flag) instead of a traceback after minutes of
+# set-up.
+OUTPUT_DIRS = ("log_dir", "checkpoint_dir")  # created if missing
+INPUT_DIRS = ("data_dir",)  # must exist (with --download: created and written)
+OUTPUT_FILES = ("json",)  # zero/main.py's --json: written, its folder created if missing
+INPUT_FILES = ("deepspeed_config",)  # DeepSpeed's --deepspeed_config: read
+
+
+def flag_name(parser, dest):
+    for action in parser._actions:
+        if action.dest == dest:
+            return max(action.option_strings, key=len)
+    return "--" + dest.replace("_", "-")
+
+
+def _nearest_existing(path):
+    while not os.path.lexists(path):
+        path = os.path.dirname(path)
+    return path
+
+
+def folder_problem(path):
+    """Why `path` cannot be a folder this run writes into, or None. It may exist (a folder we can
+    write in) or not (then its nearest existing parent must be a folder we can create things in).
+    Tried for real, with a temporary folder removed at once: permissions alone do not tell
+    (read-only mounts, /proc, root)."""
+    full = os.path.abspath(path)
+    if os.path.exists(full) and not os.path.isdir(full):
+        return "exists and is not a folder"
+    parent = full if os.path.isdir(full) else _nearest_existing(full)
+    if not os.path.isdir(parent):
+        return f"{parent} is not a folder"
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".write-test-", dir=parent))
+    except OSError as exc:
+        return f"cannot write in {parent} ({exc.strerror or exc})"
+    return None
+
+
+def file_problem(path, write):
+    full = os.path.abspath(path)
+    if os.path.isdir(full):
+        return "is a folder, not a file"
+    if not write:
+        return None if os.access(full, os.R_OK) else "no such file, or not readable"
+    if os.path.exists(full) and not os.access(full, os.W_OK):
+        return "not writable"
+    return folder_problem(os.path.dirname(full))
+
+
+def check_paths(parser, args):
+    """Every path flag usable before anything starts: one line naming the flag, exit 2, nothing
+    created."""
+    values = vars(args)
+    for dest, kind in ([(d, "out") for d in OUTPUT_DIRS] + [(d, "in") for d in INPUT_DIRS] +
+                       [(d, "file-out") for d in OUTPUT_FILES] +
+                       [(d, "file-in") for d in INPUT_FILES]):
+        path = values.get(dest)
+        if not isinstance(path, str):
+            continue
+        flag = flag_name(parser, dest)
+        if kind == "in" and not getattr(args, "download", False):
+            if not os.path.isdir(path):
+                parser.error(f"{flag} {path}: no such directory "
+                             "(add --download to fetch MNIST into it)")
+            problem = None if os.access(path, os.R_OK | os.X_OK) else "not readable"
+        elif kind in ("out", "in"):
+            problem = folder_problem(path)
+        else:
+            problem = file_problem(path, write=kind == "file-out")
+        if problem:
+            parser.error(f"{flag} {path}: {problem}")
+        if kind in ("out", "in", "file-out"):
+            folder = path if kind != "file-out" else os.path.dirname(os.path.abspath(path))
+            note_new_folder(folder)
+
+
+def warn_threads(args):
+    """--num-threads above this node's cores: allowed (it may be measured on purpose), but said
+    once."""
+    requested = getattr(args, "num_threads", None)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    if requested and requested > cores and discover().local_rank == 0:
+        sys.stderr.write(f"warning: --num-threads {requested} is more than the {cores} core(s) "
+                         "this process may use: threads will share cores\n")
+        sys.stderr.flush()
+
+
+def parse(parser, argv=None):
+    """Parse and check every flag; bad input exits 2 with one line (argparse's) before anything
+    starts.
+
+    It changes no value and decides nothing about resuming: resuming(args) and
+    finished_already(args) do."""
+    parser.error = _recorded_error(parser)
+    args = parser.parse_args(argv)
+    check_paths(parser, args)
+    if getattr(args, "log_dir", "") is None:  # the lesson names a new folder under runs/
+        note_default_log_dir()
+    if args.resume and args.checkpoint_dir is None and args.log_dir is None:
+        parser.error("--resume needs --checkpoint-dir (or the --log-dir of the run to continue)")
+    # --backend is torch.distributed's: checked once here, before any process group, and again for
+    # the device each rank picks (utils/dist.py's backend_problem)
+    backend = getattr(args, "backend", "auto")
+    if "torch" in sys.modules and (problem := backend_problem(backend, args.device)):
+        parser.error(problem)
+    if "torch" in sys.modules and (problem := device_problem(getattr(args, "device", "auto"))):
+        parser.error(problem)
+    warn_threads(args)
+    note_args(args)
+    return args
