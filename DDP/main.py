@@ -123,7 +123,7 @@ def main(args):
                                 timeout=timedelta(seconds=args.dist_timeout))
     log.configure(rank, local_rank, args.log_all_ranks)
     log_dir = [args.log_dir or log.default_log_dir("ddp")]  # runs/ddp-<time>: rank 0's time
-    if world_size > 1:
+    if world_size > 1 and not args.log_dir:
         dist.broadcast_object_list(log_dir, src=0)
     run = log.RunLog(log_dir[0], rank == 0)
     mnist = data.load_mnist(args.data_dir, args.download, rank == 0,

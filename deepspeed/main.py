@@ -1,12 +1,10 @@
 #!/usr/bin/env python
-"""MNIST with DeepSpeed: ZeRO stages 0-3, optional CPU offload of the optimizer.
+"""MNIST with DeepSpeed: ZeRO stages 0-3, CPU offload; [1]-[8]: the recipe (its README explains).
 
     python deepspeed/main.py                        one process
     deepspeed --num_gpus 2 deepspeed/main.py        two ranks (on CPUs --num_gpus counts processes)
     torchrun --nproc_per_node 2 deepspeed/main.py   (also: mpiexec -n 2 python deepspeed/main.py)
     ... --zero-stage 3 --offload                    the config file is deepspeed/ds_config.json
-
-[1]-[8]: the course's recipe (README.md); deepspeed/README.md explains each line.
 """
 import os
 import sys
@@ -69,7 +67,6 @@ def train_epoch(engine, loaders, epoch, lr_of, env, args):
             correct += (output.argmax(1) == y).sum().item()
             seen += len(y)
         progress.update(step + 1, loss.item())
-    progress.close()
     return [loss_sum, correct, seen]
 
 

@@ -83,7 +83,6 @@ def train_epoch(part, schedule, stage, optimizer, loader, epoch, env, args, wire
             correct += (output.argmax(1) == y).sum().item()
             seen += len(y)
         progress.update(step + 1, losses[-1].item() if losses else None)
-    progress.close()
     return [loss_sum, correct, seen]
 
 

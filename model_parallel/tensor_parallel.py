@@ -75,7 +75,6 @@ def train_epoch(model, optimizer, loader, mesh, epoch, lr_of, env, args, wire, s
         correct += (output.argmax(1) == y).sum().item()
         seen += len(y)
         progress.update(step + 1, loss.item())
-    progress.close()
     return [loss_sum, correct, seen]
 
 

@@ -206,7 +206,7 @@ def assert_event_epochs(log_dir):
 # ranks, and the checks that a log dir holds nothing half-written. Tests import what they use from here.
 #
 # Faults are injected from outside the examples: signals to a rank found in the launcher's process tree, or
-# tests/hooks/faults.py, which tests/hooks/sitecustomize.py installs around utils/log.py and utils/runfiles.py
+# tests/hooks/faults.py, which tests/hooks/sitecustomize.py installs around utils/log.py
 # at interpreter start-up when a test sets one of its COURSE_* variables (support.run then puts tests/hooks on
 # PYTHONPATH). No lesson and nothing in utils/ knows about it.
 #

@@ -110,9 +110,9 @@ def test_bad_input_fails_every_rank_under_torchrun(tmp_path):
 def test_missing_mnist_in_data_dir_is_reported(tmp_path):
     result = run(python(SCRIPT, "--data-dir", tmp_path, "--log-dir", tmp_path / "log"), timeout=120)
     assert result.returncode != 0
-    assert error_lines(result.stderr) == [f"error: no MNIST in {tmp_path} (expected MNIST/raw/"
-                                          "train-images-idx3-ubyte[.gz] etc. or mnist.npz); add --download, "
-                                          "or omit --data-dir to use the shipped digits"]
+    assert error_lines(result.stderr) == [f"error: no MNIST in {tmp_path} (MNIST/raw/"
+                                          "train-images-idx3-ubyte[.gz] etc., or mnist.npz): add --download, "
+                                          "or leave out --data-dir (the shipped digits)"]
 
 
 def test_resume_auto_on_a_finished_run_leaves_it_alone(tmp_path):

@@ -103,10 +103,9 @@ def test_quoted_code_is_in_the_lesson(readme):
 
 def test_the_rule_catches_a_stale_quote():
     code = lesson_code(["DDP/main.py"])
-    assert found("model = DDP(model, device_ids=None if env.device == \"cpu\" else [env.device])", code)
-    assert not found("model = DDP(model, device_ids=[env.local_rank] if env.device.startswith(\"cuda\") "
-                     "else None)", code)
-    assert found("dist.init_process_group(backend, ..., timeout=timedelta(seconds=args.dist_timeout),", code)
+    assert found("model = DDP(model, device_ids=[device] if gpu else None)", code)
+    assert not found("model = DDP(model, device_ids=None if env.device == \"cpu\" else [env.device])", code)
+    assert found("dist.init_process_group(backend, ..., timeout=timedelta(seconds=args.dist_timeout))", code)
 
 
 # A stack frame quoted in the notes (py-spy's or a traceback's `path/to/file.py:LINE function`) points at a line

@@ -62,6 +62,13 @@ def test_course_output_comes_before_the_frameworks(path):
         return found[0]
 
     framework = first(rf"(import|from) ({'|'.join(FRAMEWORKS)})\b")
+    if any(line.startswith("    from utils import plumbing") for line in lines):  # a lesson that lifts out
+        plumbing = first(r"try:  # course plumbing, ")  # the comment says what it is
+        assert lines[plumbing + 1].startswith("    from utils import plumbing  #"), path
+        assert lines[plumbing + 2:plumbing + 4] == ["except ImportError:", "    plumbing = None"], path
+        assert first(r"sys\.path\.append\(") < plumbing < framework, \
+            f"{path}: sys.path.append, the optional plumbing import, then the frameworks"
+        return
     course_output = first(r"utils\.course_output\(\)(  # course plumbing: .*)?$")  # the comment says what it is
     assert first(r"sys\.path\.append\(") < first(r"import utils$") < course_output < framework, \
         f"{path}: sys.path.append, import utils, utils.course_output(), then the frameworks"

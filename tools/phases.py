@@ -20,7 +20,7 @@ Each rank writes {"rank", "records": [{"epoch", "step", phase: seconds, ...}, ..
 when the example ends. `python tools/bench.py --phases` runs the examples so at 1 and 2 ranks and compares.
 With $PHASES_TURNS set (by the bench's overhead measurement, tools/bench_overhead.py), the process takes
 turns with another one step by step: see `Turns`. Nothing inside the example is touched, only library classes
-and the course's shared modules (utils.log.Progress, utils.torch_utils.Net).
+and the course's shared modules (utils.log.Progress, utils.torch_utils.Net; nn.Sequential for DDP's CNN).
 """
 import atexit
 import functools
@@ -137,9 +137,10 @@ def patch(timer, framework):
         _DistributedOptimizer.step = timer.wrap("optimizer", _DistributedOptimizer.step)
         _DistributedOptimizer.synchronize = timer.wrap("wait", _DistributedOptimizer.synchronize)
         _DistributedAdasumOptimizer.step = timer.wrap("optimizer", _DistributedAdasumOptimizer.step)
-    if framework == "model_parallel":  # the MLP is an nn.Sequential; a pipeline step is its schedule's
-        from torch.distributed.pipelining.schedules import PipelineScheduleSingle
+    if framework in ("ddp", "model_parallel"):  # their models are nn.Sequential (DDP's CNN, the MLP)
         torch.nn.Sequential.forward = timer.wrap("forward", torch.nn.Sequential.forward)
+    if framework == "model_parallel":  # a pipeline step is its schedule's
+        from torch.distributed.pipelining.schedules import PipelineScheduleSingle
         # forward and backward of every micro-batch, the sends between stages and the waits for them
         PipelineScheduleSingle.step = timer.wrap("backward", PipelineScheduleSingle.step)
     if framework == "deepspeed":

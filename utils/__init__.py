@@ -1,9 +1,6 @@
-"""What the lessons import: arguments (parse_args.py), logging (log.py) and data (data.py); the
-course's plumbing around them (plumbing.py) is optional: utils/README.md.
-"""
+"""What the lessons import: arguments (parse_args.py), logging (log.py), data (data.py). Around
+them, optional: the course's plumbing (plumbing.py; utils/README.md)."""
 
 
-def course_output():
-    """Course plumbing for the lessons that call it before importing their frameworks: a missing
-    framework is one line, the libraries' noise filtered (utils/plumbing.py)."""
+def course_output():  # course plumbing, for the lessons that call it before their frameworks
     from utils import plumbing  # noqa: F401  (importing it installs it)

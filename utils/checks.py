@@ -6,7 +6,7 @@ import os
 import sys
 import tempfile
 
-from utils import log
+from utils import log, parse_args
 from utils.dist import backend_problem, discover
 from utils.errors import fail, record_for_torchrun
 from utils.failures import note_args
@@ -21,6 +21,14 @@ def _recorded_error(parser):
         record_for_torchrun(line)
         parser.exit(2, line + "\n")
     return error
+
+
+class Parser(parse_args.Parser):
+    """The lessons' Parser, for scripts with flags of their own (zero/): its one line also goes into
+    torchrun's error file."""
+
+    def error(self, message):
+        _recorded_error(self)(message)
 
 
 def device_problem(device):

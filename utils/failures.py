@@ -11,15 +11,11 @@ import os
 import sys
 import time
 
+from utils import log
+from utils.data import DataError
 from utils.errors import UserError, fail, say
-from utils.log import _rank, position
-from utils.runfiles import (
-    checkpoint_folder,
-    chosen_log_dir,
-    epochs_done,
-    has_checkpoint,
-    remove_debris,
-)
+from utils.log import checkpoint_folder
+from utils.runfiles import chosen_log_dir, epochs_done, has_checkpoint, remove_debris
 
 _ARGS = []  # the run's parsed flags (parse_args.parse notes them): --log-dir, --dist-timeout
 
@@ -40,13 +36,36 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HANGS_PAGE = "diagnose/hangs.md"
 
 
+def _rank():
+    """This rank's number, from the launcher's variables (what the lesson was given too)."""
+    from utils.dist import discover
+    return discover().rank
+
+
+def _checkpoint_problem(exc):
+    """One line for a checkpoint that torch.load cannot read or that does not fit the model (a
+    lesson loads it with its framework's own call), or None for any other error."""
+    import traceback
+    frames = [frame for frame, _ in traceback.walk_tb(exc.__traceback__)]
+    reason = " ".join(str(exc).split())[:300]
+    for frame in frames:
+        code = frame.f_code
+        torch_load = code.co_filename.endswith(os.path.join("torch", "serialization.py"))
+        if code.co_name == "load" and torch_load:
+            path = frame.f_locals.get("f", "")
+            return f"checkpoint {path} is unreadable (truncated or corrupted?): {reason}"
+    if any(frame.f_code.co_name == "load_state_dict" for frame in frames):
+        return f"the checkpoint does not fit this model: {reason}"
+    return None
+
+
 def is_peer_failure(exc):
     names = {cls.__name__ for cls in type(exc).__mro__}
     return bool(names & set(PEER_ERROR_TYPES)) or any(text in str(exc) for text in PEER_ERROR_TEXTS)
 
 
 def _where():
-    p = position()
+    p = dict(log._POSITION)
     if not p:
         return "before any training step it reported"
     return f"in epoch {p['epoch']} after step {p['step']}/{p['total']}"
@@ -111,7 +130,7 @@ def _peer_line(exc):
     timeout = getattr(_ARGS[0] if _ARGS else None, "dist_timeout", None)
     # Horovod reports a gloo timeout only as "Horovod has been shut down": the time since the last
     # step says it
-    at = position().get("at")
+    at = dict(log._POSITION).get("at")
     since = time.monotonic() - at if at else 0
     if any(text in str(exc) for text in TIMEOUT_TEXTS) or (timeout and since >= 0.9 * timeout):
         import re
@@ -164,8 +183,10 @@ def run_main(main):
         if signum is not None:
             _quit(_stopped_line(signum), interrupts.exit_code(signum), prefix="stopped")
         remove_debris()
-        if isinstance(exc, UserError):
+        if isinstance(exc, (UserError, DataError)):
             fail(str(exc))
+        if problem := _checkpoint_problem(exc):
+            fail(problem)
         if not is_peer_failure(exc):
             import traceback
 

