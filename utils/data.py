@@ -80,8 +80,7 @@ def _from_npz(path):
         raise DataError(f"cannot read {path}: {exc}") from exc
 
 
-def find_in_dir(data_dir):
-    """Load MNIST from the standard files in `data_dir`, or None if there are none."""
+def find_in_dir(data_dir):  # MNIST from the standard files in `data_dir`, or None
     for folder in (os.path.join(data_dir, "MNIST", "raw"), data_dir):
         paths = _find_idx(folder)
         if paths:
@@ -143,6 +142,5 @@ def batches_per_rank(samples, ranks, batch_size, max_steps=None):
     return min(steps, max_steps) if max_steps else steps
 
 
-def normalized(images):
-    """uint8 [N, 28, 28] -> float32 [N, 28, 28], zero mean and unit variance over MNIST."""
+def normalized(images):  # uint8 [N, 28, 28] -> float32, zero mean and unit variance over MNIST
     return ((images.astype(np.float32) / 255.0) - MNIST_MEAN) / MNIST_STD

@@ -131,16 +131,27 @@ def pick_device(requested, local_rank):
     return "cpu"
 
 
-def threads_per_rank(requested, local_world_size):
-    """CPU threads for this rank: --num-threads, else the cores we may use shared by the ranks on
-    this node."""
+def _cores():
+    """(the cores this process may use, whether the launcher bound it to them)."""
     has_affinity = hasattr(os, "sched_getaffinity")
     allowed = len(os.sched_getaffinity(0)) if has_affinity else os.cpu_count()
-    bound = allowed < (os.cpu_count() or allowed)  # the launcher bound this rank to its own cores
+    return allowed, allowed < (os.cpu_count() or allowed)
+
+
+def warn_shared_cores(local_world_size):
+    """More ranks on this node than cores, unbound: said once, by local rank 0."""
+    allowed, bound = _cores()
     if not bound and local_world_size > allowed and discover().local_rank == 0:
         sys.stderr.write(f"warning: {local_world_size} ranks on the {allowed} core(s) of this "
                          "node: ranks share cores, so steps are slower than with one rank per "
                          "core\n")
+
+
+def threads_per_rank(requested, local_world_size):
+    """CPU threads for this rank: --num-threads, else the cores we may use shared by the ranks on
+    this node."""
+    warn_shared_cores(local_world_size)
+    allowed, bound = _cores()
     if requested:
         return requested
     return max(1, allowed if bound else allowed // max(1, local_world_size))

@@ -2,9 +2,10 @@
 (run_main). The lessons teach nothing here; a lesson copied without it still runs, with Python's
 own tracebacks.
 
-The line names the rank, where it was (utils/log.py's position: epoch and step), and for a stop or
-a lost peer what to do next: the last good checkpoint (utils/runfiles.py), or how to find a hung
-rank (diagnose/hangs.md).
+The line names the rank, where it was (the epoch and step utils/log.py's Progress last saw), and for
+a stop or a lost peer what to do next: the last good checkpoint, or how to find a hung rank
+(diagnose/hangs.md). A checkpoint that torch.load cannot read, or that does not fit the model, is
+one line too.
 """
 import atexit
 import os

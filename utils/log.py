@@ -77,10 +77,9 @@ def atomic_write(path, write_fn, mode="w"):
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
+    finally:
+        if os.path.exists(tmp):  # renamed: gone; a failed write: removed
             os.unlink(tmp)
-        raise
 
 
 def write_json(path, obj):
@@ -139,10 +138,8 @@ class RunLog:
         """The last epoch's numbers and `extra` into summary.json, and a table on stdout."""
         s = {**(self.history[-1] if self.history else {}), **self.about,
              "wall_time_s": time.perf_counter() - self.start, **extra}
-        torch = sys.modules.get("torch")  # peak GPU memory (tensors, not the cache), on a GPU
-        for gpu in [getattr(torch, kind, None) for kind in ("cuda", "xpu")]:
-            if gpu is not None and gpu.is_available() and gpu.is_initialized():
-                s["peak_accelerator_mb"] = round(gpu.max_memory_allocated() / 2**20, 1)
+        if (peak := peak_accelerator_mb()) is not None:
+            s["peak_accelerator_mb"] = peak
         if self.is_main:
             write_json(os.path.join(self.dir, "summary.json"), s)
         if Board:
@@ -154,3 +151,11 @@ class RunLog:
                 ("wall time", f"{s.get('wall_time_s', 0):.1f} s"), ("log dir", self.dir)]
         info("\n".join(["", "summary", "-" * 40] + [f"{k:<18}  {v}" for k, v in rows] + ["-" * 40]))
         return s
+
+
+def peak_accelerator_mb():  # this process's peak GPU memory in MB (tensors, not the cache), or None
+    torch = sys.modules.get("torch")  # (the TensorFlow lessons never import torch)
+    for gpu in [getattr(torch, kind, None) for kind in ("cuda", "xpu")]:
+        if gpu is not None and gpu.is_available() and gpu.is_initialized():
+            return round(gpu.max_memory_allocated() / 2**20, 1)
+    return None

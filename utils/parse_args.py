@@ -5,8 +5,7 @@ import argparse
 import math
 
 
-def _checked(name, kind, ok, should_be):
-    """An argparse type: `kind(text)`, refused in one line unless ok(value)."""
+def _checked(name, kind, ok, should_be):  # an argparse type: kind(text), refused unless ok(value)
     def parse(text):
         value = kind(text)
         if not ok(value):
@@ -26,8 +25,7 @@ resume_mode = _checked("resume_mode", str, lambda v: v == "auto", "auto (the onl
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse, where a mistake is one line (not the usage block first), and no abbreviations
-    (`--epoch 1` is an error, not a silent `--epochs 1`)."""
+    """argparse: a mistake is one line, not the usage block; no abbreviations (--epoch)."""
 
     def __init__(self, **kwargs):
         super().__init__(allow_abbrev=False, **kwargs)
@@ -81,8 +79,7 @@ def get_parser(description, backend=True):
     return p
 
 
-def clip_flag(parser):
-    """--clip-grad-norm, for the scripts that implement it (DDP and Horovod PyTorch)."""
+def clip_flag(parser):  # for the lessons that implement it (DDP and Horovod PyTorch)
     parser.add_argument_group("large batches").add_argument(
         "--clip-grad-norm", type=positive_float, default=None, metavar="MAX_NORM",
         help="before each step, rescale the averaged gradient to a global L2 norm <= MAX_NORM "

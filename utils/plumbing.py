@@ -73,9 +73,11 @@ def run_main(main, parser):
     """main(args) with the flags checked, every ending one line (utils/failures.py), and nothing
     done for --resume auto on a run that has finished."""
     from utils import checks, failures
+    from utils.dist import discover, warn_shared_cores
 
     def checked_main():
         args = checks.parse(parser)
+        warn_shared_cores(discover().local_world_size)
         if not checks.finished_already(args):
             checks.resume_check(args)
             main(args)
