@@ -159,7 +159,7 @@ def main(args):
 
     def lr_of(progress):  # --lr-warmup-epochs W: linear from the base LR to the scaled one
         W = args.lr_warmup_epochs
-        return args.lr + (lr - args.lr) * (min(1, progress / W) if W else 1)
+        return args.lr + (lr - args.lr) * progress / W if W and progress < W else lr
     if world_size > 1:  # [5] Wrap: DDP sends rank 0's weights to every rank, hooks [6] in backward
         model = DDP(model, device_ids=[device] if gpu else None)
     run.write_config(args, dict(rank=rank, local_rank=local_rank, world_size=world_size,

@@ -123,3 +123,14 @@ def test_resume_auto_on_a_finished_run_leaves_it_alone(tmp_path):
     assert again.stdout.count("nothing left to do") == 1, again.stdout  # said once (rank 0), exit 0
     assert "epoch  1" not in again.stdout  # no training
     assert {name: (tmp_path / name).read_bytes() for name in before} == before
+
+
+def test_the_warmup_ramps_the_lr_from_one_ranks_to_the_scaled_one(tmp_path):
+    """--lr-warmup-epochs 2 with --grad-accum 2 (scaled LR = 2 x --lr): the LR of each epoch's last step
+    (4 steps an epoch) is on the line from --lr to 2 x --lr, then stays there."""
+    flags = ["--epochs", "3", "--max-steps", "4", "--grad-accum", "2", "--lr-warmup-epochs", "2", "--lr", "0.04",
+             "--num-threads", "1", "--log-dir", tmp_path]
+    check(run(python(SCRIPT, *flags), timeout=240))
+    lrs = [m["lr"] for m in metrics(tmp_path)]
+    assert lrs == pytest.approx([0.04 * (1 + 0.75 / 2), 0.04 * (1 + 1.75 / 2), 0.08], rel=1e-12), lrs
+    assert lrs[2] == 0.04 * 2  # past the warmup: the scaled LR itself
