@@ -55,10 +55,12 @@ class EpochLog(tf.keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch, logs=None):
         self.start, self.epoch = time.perf_counter(), epoch + 1
+        # silent: it only notes where a Ctrl-C or a lost peer stopped it (Keras prints the steps)
+        self.progress = log.Progress(False, self.params["steps"], epoch + 1, self.log_interval)
 
     def on_train_batch_end(self, batch, logs=None):
         step, total = batch + 1, self.params["steps"]
-        log.at_step(self.epoch, step, total)  # where a Ctrl-C or a lost peer stopped it
+        self.progress.update(step, None)
         if self.env.is_main and (step % self.log_interval == 0 or step == total):
             # TensorBoard's step/train_loss; in Keras: this rank's mean loss of the epoch so far
             Board.step((self.epoch - 1) * total + step, logs["loss"])
