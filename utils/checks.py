@@ -7,7 +7,7 @@ import sys
 import tempfile
 
 from utils import log, parse_args
-from utils.dist import backend_problem, discover
+from utils.dist import backend_problem, cores, device_problem, discover
 from utils.errors import fail, record_for_torchrun
 from utils.failures import note_args
 from utils.log import checkpoint_folder
@@ -31,23 +31,13 @@ class Parser(parse_args.Parser):
         _recorded_error(self)(message)
 
 
-def device_problem(device):
-    """--device cuda or xpu where torch sees none, as one line, or None."""
-    import torch
-    module = getattr(torch, device, None)
-    if device in ("cuda", "xpu") and not (module is not None and module.is_available()):
-        return (f"--device {device}: this torch ({torch.__version__}) sees no {device} device "
-                f"(torch.{device}.is_available() is False); use --device cpu or auto")
-    return None
-
-
 def resume_check(args):
     """Before the lesson starts: --resume with no checkpoint is one line, exit 2; --resume auto
     with none says so (rank 0) and the lesson starts at epoch 1."""
     folder = checkpoint_folder(args.checkpoint_dir, args.log_dir)
-    if args.resume is True and not has_checkpoint(folder):
+    if args.resume is True and not checkpoint_exists(args):
         fail(f"--resume: no checkpoint at {folder}")
-    if args.resume == "auto" and not has_checkpoint(folder) and discover().rank == 0:
+    if args.resume == "auto" and not checkpoint_exists(args) and discover().rank == 0:
         print(f"--resume auto: no checkpoint in {folder}: starting at epoch 1", flush=True)
 
 
@@ -78,7 +68,6 @@ def finished_already(args):
         print(f"--resume auto: {args.log_dir} has finished {done} of {args.epochs} epoch(s) "
               "already: nothing left to do", flush=True)
     return True
-
 
 
 # Every flag that names a path, by what the run does with it. Checked before anything starts, so an
@@ -162,10 +151,9 @@ def check_paths(parser, args):
 def warn_threads(args):
     """--num-threads above this node's cores: allowed (it may be measured on purpose), but said
     once."""
-    requested = getattr(args, "num_threads", None)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    if requested and requested > cores and discover().local_rank == 0:
-        sys.stderr.write(f"warning: --num-threads {requested} is more than the {cores} core(s) "
+    requested, allowed = getattr(args, "num_threads", None), cores()[0]
+    if requested and requested > allowed and discover().local_rank == 0:
+        sys.stderr.write(f"warning: --num-threads {requested} is more than the {allowed} core(s) "
                          "this process may use: threads will share cores\n")
         sys.stderr.flush()
 

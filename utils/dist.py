@@ -120,18 +120,28 @@ def pick_device(requested, local_rank):
     `cpu`. `auto` takes the first that torch can see, in that order. An impossible choice is
     one line, exit 2."""
     import torch
+    if problem := device_problem(requested):
+        fail(problem)
     for kind in ("xpu", "cuda"):
         module = getattr(torch, kind, None)
         present = module is not None and module.is_available()
         if requested == kind or (requested == "auto" and present):
-            if not present:
-                fail(f"--device {kind}: this torch ({torch.__version__}) sees no {kind} device "
-                     f"(torch.{kind}.is_available() is False); use --device cpu or auto")
             return f"{kind}:{local_rank % module.device_count()}"
     return "cpu"
 
 
-def _cores():
+def device_problem(device):
+    """What is wrong with --device `device` here, as one line (cuda or xpu where torch sees none),
+    or None: the one check of the flag, by utils/checks.py's parse() and again by pick_device()."""
+    import torch
+    module = getattr(torch, device, None)
+    if device in ("cuda", "xpu") and not (module is not None and module.is_available()):
+        return (f"--device {device}: this torch ({torch.__version__}) sees no {device} device "
+                f"(torch.{device}.is_available() is False); use --device cpu or auto")
+    return None
+
+
+def cores():
     """(the cores this process may use, whether the launcher bound it to them)."""
     has_affinity = hasattr(os, "sched_getaffinity")
     allowed = len(os.sched_getaffinity(0)) if has_affinity else os.cpu_count()
@@ -140,7 +150,7 @@ def _cores():
 
 def warn_shared_cores(local_world_size):
     """More ranks on this node than cores, unbound: said once, by local rank 0."""
-    allowed, bound = _cores()
+    allowed, bound = cores()
     if not bound and local_world_size > allowed and discover().local_rank == 0:
         sys.stderr.write(f"warning: {local_world_size} ranks on the {allowed} core(s) of this "
                          "node: ranks share cores, so steps are slower than with one rank per "
@@ -151,7 +161,7 @@ def threads_per_rank(requested, local_world_size):
     """CPU threads for this rank: --num-threads, else the cores we may use shared by the ranks on
     this node."""
     warn_shared_cores(local_world_size)
-    allowed, bound = _cores()
+    allowed, bound = cores()
     if requested:
         return requested
     return max(1, allowed if bound else allowed // max(1, local_world_size))

@@ -66,7 +66,7 @@ def is_peer_failure(exc):
 
 
 def _where():
-    p = dict(log._POSITION)
+    p = log._POSITION
     if not p:
         return "before any training step it reported"
     return f"in epoch {p['epoch']} after step {p['step']}/{p['total']}"
@@ -131,7 +131,7 @@ def _peer_line(exc):
     timeout = getattr(_ARGS[0] if _ARGS else None, "dist_timeout", None)
     # Horovod reports a gloo timeout only as "Horovod has been shut down": the time since the last
     # step says it
-    at = dict(log._POSITION).get("at")
+    at = log._POSITION.get("at")
     since = time.monotonic() - at if at else 0
     if any(text in str(exc) for text in TIMEOUT_TEXTS) or (timeout and since >= 0.9 * timeout):
         import re
