@@ -11,9 +11,14 @@ import shutil
 
 import pytest
 
-from support import BIN, DDP, ROOT, check, free_port, run, without_timing
+from support import BIN, DDP, HVD_TORCH, ROOT, check, run, without_timing
+from tools.launch import launch_command
 
-LIFTS_OUT = [ROOT / DDP]
+# Each lesson that lifts out, and the launchers its copy is run under (the first: also compared with
+# the lesson run in the course, digit for digit).
+LAUNCHED_BY = {ROOT / DDP: ("torchrun", "mpiexec"), ROOT / HVD_TORCH: ("horovodrun", "mpiexec")}
+LIFTS_OUT = list(LAUNCHED_BY)
+RUNS = [(lesson, launcher) for lesson, launchers in LAUNCHED_BY.items() for launcher in launchers]
 HELPER_LINES = 400  # the helpers a lifted lesson takes along, all together
 OPTIONAL = "plumbing"  # the module a lesson imports in try/except ImportError: not taken along
 
@@ -70,17 +75,12 @@ def lifted(tmp_path_factory):
     return copies
 
 
-@pytest.mark.parametrize("launcher", ["torchrun", "mpiexec"])
-@pytest.mark.parametrize("lesson", LIFTS_OUT, ids=lambda p: p.relative_to(ROOT).as_posix())
+@pytest.mark.parametrize("lesson,launcher", RUNS, ids=[f"{p.relative_to(ROOT).parent}-{n}" for p, n in RUNS])
 def test_a_copy_of_the_lesson_runs_alone_under_each_launcher(lifted, lesson, launcher, tmp_path):
     folder = lifted[lesson]
-    def start():
-        port = str(free_port())
-        return ([str(BIN / "torchrun"), "--nproc_per_node", "2", "--master_port", port] if launcher == "torchrun"
-                else [str(BIN / "mpiexec"), "-n", "2", "-env", "MASTER_PORT", port, str(BIN / "python")])
     flags = ["--epochs", "2", "--max-steps", "15", "--num-threads", "1", "--log-dir", str(tmp_path / "run")]
     # cwd: the copy, far from the repository (whose utils/ it must not reach)
-    check(run([*start(), "main.py", *flags], timeout=240, cwd=folder))
+    check(run(launch_command(folder / "main.py", 2, launcher, flags), timeout=240, cwd=folder))
     history = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [m["epoch"] for m in history] == [1, 2] and history[1]["train_loss"] < history[0]["train_loss"]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
@@ -88,15 +88,16 @@ def test_a_copy_of_the_lesson_runs_alone_under_each_launcher(lifted, lesson, lau
     assert len(checksums) == 2 and checksums[0] == checksums[1], checksums  # both ranks, the same weights
     assert (tmp_path / "run" / "checkpoints" / "checkpoint.pt").is_file()
     assert not list((tmp_path / "run").glob("events.out.tfevents.*"))  # no TensorBoard: plumbing stayed home
-    if launcher == "torchrun":  # the same training as the lesson in the course, digit for digit
-        check(run([*start(), lesson, *flags[:-1], str(tmp_path / "course")], timeout=240))
+    if launcher == LAUNCHED_BY[lesson][0]:  # the same training as the lesson in the course, digit for digit
+        check(run(launch_command(lesson, 2, launcher, [*flags[:-1], tmp_path / "course"]), timeout=240))
         course = [json.loads(line) for line in (tmp_path / "course" / "metrics.jsonl").read_text().splitlines()]
         assert without_timing(history) == without_timing(course)
         assert json.loads((tmp_path / "course" / "summary.json").read_text())["param_checksums"] == checksums
 
 
-def test_a_copy_refuses_a_bad_flag_in_one_line(lifted):
-    result = run([str(BIN / "python"), "main.py", "--batch-size", "0"], timeout=120, cwd=lifted[ROOT / DDP])
+@pytest.mark.parametrize("lesson", LIFTS_OUT, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_a_copy_refuses_a_bad_flag_in_one_line(lifted, lesson):
+    result = run([str(BIN / "python"), "main.py", "--batch-size", "0"], timeout=120, cwd=lifted[lesson])
     assert result.returncode == 2, result.stderr
     assert result.stderr.strip().splitlines() == [
         "main.py: error: argument --batch-size: must be a positive integer, got 0 (see main.py --help)"]

@@ -137,7 +137,7 @@ def patch(timer, framework):
         _DistributedOptimizer.step = timer.wrap("optimizer", _DistributedOptimizer.step)
         _DistributedOptimizer.synchronize = timer.wrap("wait", _DistributedOptimizer.synchronize)
         _DistributedAdasumOptimizer.step = timer.wrap("optimizer", _DistributedAdasumOptimizer.step)
-    if framework in ("ddp", "model_parallel"):  # their models are nn.Sequential (DDP's CNN, the MLP)
+    if framework in ("ddp", "horovod", "model_parallel"):  # their models are nn.Sequential (DDP's CNN, the MLP)
         torch.nn.Sequential.forward = timer.wrap("forward", torch.nn.Sequential.forward)
     if framework == "model_parallel":  # a pipeline step is its schedule's
         from torch.distributed.pipelining.schedules import PipelineScheduleSingle

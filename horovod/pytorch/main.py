@@ -5,62 +5,67 @@
     horovodrun -np 2 --gloo python horovod/pytorch/main.py      two ranks
     mpiexec -n 2 python horovod/pytorch/main.py                 two ranks, Horovod over MPI
 """
+import hashlib
+import os
 import sys
 import time
 from itertools import islice
 from pathlib import Path
 
 sys.path.append(str(Path(__file__).resolve().parents[2]))  # the repo root *after* site-packages
-import utils
-
-utils.course_output()  # course plumbing: a missing framework is one line; noise filtered
+try:  # course plumbing, no step of the recipe (utils/plumbing.py): the libraries' noise filtered,
+    from utils import plumbing  # flags checked, every ending one line. A copy runs without it.
+except ImportError:
+    plumbing = None
 
 import horovod.torch as hvd
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-from utils import checks, data, failures, log
-from utils import dist as course  # which variables each launcher sets; Horovod's CPU knobs
-from utils.errors import UserError, fail
-from utils.framework_flags import horovod_flags
-from utils.parse_args import clip_flag, get_parser
-from utils.schedule import lr_at, scaled_lr
-from utils.torch_utils import (
-    Net,
-    load_checkpoint,
-    param_checksum,
-    restore,
-    save_checkpoint,
-    seed_epoch,
-    steps_per_epoch,
-    to_tensors,
-)
+from utils import data, log  # the course's helpers: MNIST, and rank 0's lines and run files
+from utils.parse_args import clip_flag, get_parser, positive_float, positive_int
 
-FRAMEWORK = "horovod-pytorch"
+# Horovod's background thread wakes every HOROVOD_CYCLE_TIME ms to agree on the next all-reduce
+# (default 1): on CPU ranks that share cores, 5 ms leaves them more time to compute.
+CPU_KNOBS = {"HOROVOD_CYCLE_TIME": "5"}
 
 
-def train_epoch(model, optimizer, loaders, epoch, lr_of, env, args):
+def horovod_flags(parser):
+    g = parser.add_argument_group("horovod").add_argument
+    g("--fp16-allreduce", action="store_true", help="compress gradients to fp16 for the all-reduce")
+    g("--use-adasum", action="store_true", help="combine gradients with Adasum, not the average")
+    g("--gradient-predivide-factor", type=positive_float, default=1.0, help="divide gradients by "
+      "this before the sum and by size/factor after (numerics of big worlds)")
+    g("--backward-passes-per-step", dest="grad_accum", type=positive_int,
+      help="Horovod's name for --grad-accum: local backward passes before each all-reduce")
+    return parser
+
+
+def Net(dropout):  # pytorch/examples' MNIST CNN (1.2M parameters), as one nn.Sequential
+    return nn.Sequential(nn.Conv2d(1, 32, 3, 1), nn.ReLU(), nn.Conv2d(32, 64, 3, 1), nn.ReLU(),
+                         nn.MaxPool2d(2), nn.Dropout(dropout), nn.Flatten(), nn.Linear(9216, 128),
+                         nn.ReLU(), nn.Dropout(2 * dropout), nn.Linear(128, 10), nn.LogSoftmax(1))
+
+
+def train_epoch(model, optimizer, loaders, epoch, lr_of, steps, args, is_main):
     model.train()
-    loss_sum, correct, seen = 0.0, 0, 0
-    steps = steps_per_epoch(loaders, args.max_steps)
-    progress = log.Progress(env.is_main, steps, epoch, args.log_interval)
-    # One micro-batch per step, or --grad-accum of them: one from each loader.
-    for step, micro_batches in enumerate(islice(zip(*loaders), steps)):
+    sums = [0.0, 0, 0]  # loss, correct, seen
+    progress = log.Progress(is_main, steps, epoch, args.log_interval)
+    for step, micro_batches in enumerate(islice(zip(*loaders), steps)):  # one from each loader
         for group in optimizer.param_groups:
-            group["lr"] = lr_of(step / steps)
+            group["lr"] = lr_of(epoch - 1 + step / steps)
         optimizer.zero_grad()
         for x, y in micro_batches:
             output = model(x)
             loss = F.nll_loss(output, y)
             # [6] gradients averaged: each one's all-reduce starts on Horovod's background thread as
-            #     soon as backward has produced it (with --grad-accum, after the step's last
-            #     backward pass).
+            #     soon as backward has produced it (--grad-accum: after the step's last backward).
             (loss / len(micro_batches)).backward()
-            loss_sum += loss.item() * len(y)
-            correct += (output.argmax(1) == y).sum().item()
-            seen += len(y)
+            sums = [sums[0] + loss.item() * len(y), sums[1] + (output.argmax(1) == y).sum().item(),
+                    sums[2] + len(y)]
         if args.clip_grad_norm:  # clip the *averaged* gradient: wait for the all-reduces first
             optimizer.synchronize()
             torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad_norm)
@@ -69,78 +74,69 @@ def train_epoch(model, optimizer, loaders, epoch, lr_of, env, args):
         else:
             optimizer.step()  # [6] waits for the averaged gradients: the same update everywhere
         progress.update(step + 1, loss.item())
-    return [loss_sum, correct, seen]
+    return sums
 
 
 @torch.no_grad()
 def evaluate(model, loader):
     model.eval()
-    loss_sum, correct, seen = 0.0, 0, 0
+    sums = [0.0, 0, 0]
     for x, y in loader:
         output = model(x)
-        loss_sum += F.nll_loss(output, y, reduction="sum").item()
-        correct += (output.argmax(1) == y).sum().item()
-        seen += len(y)
-    return [loss_sum, correct, seen]
+        sums = [sums[0] + F.nll_loss(output, y, reduction="sum").item(),
+                sums[1] + (output.argmax(1) == y).sum().item(), sums[2] + len(y)]
+    return sums
 
 
-def main():
-    parser = horovod_flags(get_parser(__doc__, backend=False), backward_passes=True)
-    args = checks.parse(clip_flag(parser))
-    if checks.finished_already(args):  # --resume auto on a run that is done: touch nothing
-        return
-    wall_start = time.perf_counter()
-
-    # Horovod reads its knobs at init: on CPU ranks a longer cycle time (utils/dist.py says why)
-    knobs = course.horovod_knobs(on_cpu=args.device == "cpu" or not torch.cuda.is_available(),
-                                 dist_timeout=args.dist_timeout)
+def main(args):
+    gpu = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+    cuda = gpu is not None and gpu.type == "cuda" and args.device != "cpu"
+    if gpu is not None and gpu.type == "xpu" and args.device != "cpu":  # not in Horovod, nor Aurora
+        sys.exit("error: Horovod cannot train on Intel GPUs: on Aurora use DDP/main.py (xccl)")
+    for name, value in ({} if cuda else CPU_KNOBS).items():  # read by hvd.init(): set them first
+        os.environ.setdefault(name, value)
+    # --dist-timeout bounds every gloo operation of Horovod's, as it bounds DDP's collectives
+    os.environ.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", str(args.dist_timeout))
     # [1] Start Horovod: rank, local rank and size come from horovodrun or the MPI launcher.
     hvd.init()
-    # [2] Pin this rank to one device: GPU number = local rank. On CPUs: its share of the cores.
-    device = course.pick_device(args.device, hvd.local_rank())
-    if device.startswith("xpu"):  # no Intel GPU support in Horovod (nor on Aurora)
-        fail(f"Horovod cannot train on {device}: on Intel GPUs (Aurora) use DDP/main.py (xccl)")
-    if device.startswith("cuda"):
-        torch.cuda.set_device(device)
-    num_threads = course.threads_per_rank(args.num_threads, hvd.local_size())
-    torch.set_num_threads(num_threads)
+    rank, size = hvd.rank(), hvd.size()
+    launcher = "horovodrun" if "HOROVOD_RANK" in os.environ else "mpiexec" if size > 1 else "python"
     controller = "horovod-" + ("mpi" if hvd.mpi_enabled() else "gloo")
-    env = course.DistEnv(hvd.rank(), hvd.local_rank(), hvd.size(), hvd.local_size(),
-                         course.discover().launcher, device=device, backend=controller,
-                         num_threads=num_threads)
-    log.configure(env.rank, env.local_rank, args.log_all_ranks)
     if args.use_adasum and not hvd.mpi_enabled():
-        raise UserError("--use-adasum needs the MPI controller (mpiexec, horovodrun --mpi): "
-                            "gloo has no Adasum")
-    log_dir = args.log_dir or hvd.broadcast_object(log.default_log_dir("horovod-pytorch"),
-                                                   root_rank=0)
-    run = log.RunLog(log_dir, env.is_main)
-    log.info(f"{FRAMEWORK}: {env.world_size} rank(s) via {env.launcher}, device {env.device}, "
-             f"{env.backend} controller, {env.num_threads} thread(s) per rank, "
-             f"HOROVOD_CYCLE_TIME {knobs['HOROVOD_CYCLE_TIME']}")
-
-    # --- data: every rank holds the whole (small) set in memory and trains on its own shard -------
-    mnist = data.load_mnist(args.data_dir, args.download, env.is_main, barrier=hvd.barrier)
-    log.info(mnist.describe())
-    x_train, y_train, x_test, y_test = to_tensors(mnist, env.device)
-    train_set, test_set = TensorDataset(x_train, y_train), TensorDataset(x_test, y_test)
+        sys.exit("error: --use-adasum needs the MPI controller (mpiexec, horovodrun --mpi): "
+                 "gloo has no Adasum")
+    # [2] Pin this rank to one GPU: number = local rank. On CPUs: its share of the cores.
+    device = f"cuda:{hvd.local_rank() % torch.cuda.device_count()}" if cuda else "cpu"
+    if cuda:
+        torch.cuda.set_device(device)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    threads = args.num_threads or (cores if cores < os.cpu_count()
+                                   else max(1, cores // hvd.local_size()))
+    torch.set_num_threads(threads)
+    log.configure(rank, hvd.local_rank(), args.log_all_ranks)
+    log_dir = args.log_dir or hvd.broadcast_object(log.default_log_dir("horovod-pytorch"))
+    run = log.RunLog(log_dir, rank == 0)
+    mnist = data.load_mnist(args.data_dir, args.download, rank == 0, barrier=hvd.barrier)
+    knobs = {name: os.environ.get(name, "Horovod's default") for name in CPU_KNOBS}
+    log.info(f"horovod-pytorch: {size} rank(s) via {launcher}, device {device}, {controller} "
+             f"controller, {threads} thread(s) per rank, HOROVOD_CYCLE_TIME "
+             f"{knobs['HOROVOD_CYCLE_TIME']}\n{mnist.describe()}")
+    sets = [TensorDataset(torch.from_numpy(data.normalized(x)).unsqueeze(1).to(device),
+                          torch.from_numpy(y).to(device))
+            for x, y in ((mnist.x_train, mnist.y_train), (mnist.x_test, mnist.y_test))]
     # [3] Shard by *global* rank (hvd.rank(), not hvd.local_rank(): that repeats on every node):
     #     each rank draws its own 1/size of every shuffled epoch; --grad-accum A: it plays A ranks.
-    A = args.grad_accum
-    log.grad_accum(A, hvd.size())  # A > 1: says so
-    loaders = [DataLoader(train_set, batch_size=args.batch_size, drop_last=True,
-                          sampler=DistributedSampler(train_set, num_replicas=hvd.size() * A,
-                                                     rank=hvd.rank() * A + k, shuffle=True,
-                                                     seed=args.seed, drop_last=True))
-               for k in range(A)]
-    test_loader = DataLoader(test_set, batch_size=args.test_batch_size, sampler=DistributedSampler(
-        test_set, num_replicas=hvd.size(), rank=hvd.rank(), shuffle=False))
-
-    # --- model and optimizer ----------------------------------------------------------------------
+    log.grad_accum(A := args.grad_accum, size)  # A > 1: says so
+    steps = data.batches_per_rank(len(sets[0]), size * A, args.batch_size, args.max_steps)
+    loaders = [DataLoader(sets[0], batch_size=args.batch_size, drop_last=True, sampler=(
+        DistributedSampler(sets[0], num_replicas=size * A, rank=rank * A + k, seed=args.seed,
+                           drop_last=True))) for k in range(A)]
+    test_loader = DataLoader(sets[1], batch_size=args.test_batch_size, sampler=DistributedSampler(
+        sets[1], num_replicas=size, rank=rank, shuffle=False))
     torch.manual_seed(args.seed)
-    model = Net(args.dropout).to(env.device)
+    model = Net(args.dropout).to(device)
     # [4] Scale the LR with the global batch (Adasum adapts to the gradients instead: no scaling).
-    lr = scaled_lr(args.lr, hvd.size() * A, not (args.no_lr_scaling or args.use_adasum))
+    lr = args.lr if args.no_lr_scaling or args.use_adasum else args.lr * size * A
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum)
     # [5] Wrap the optimizer: it all-reduces the gradients (fp16-compressed or Adasum, if asked).
     optimizer = hvd.DistributedOptimizer(
@@ -150,50 +146,51 @@ def main():
         gradient_predivide_factor=args.gradient_predivide_factor, backward_passes_per_step=A)
     checkpoint = log.checkpoint_folder(args.checkpoint_dir, log_dir) / "checkpoint.pt"
     first_epoch = 1
-    # [8] rank 0 reads the checkpoint; [5] hands it to every rank
-    if checks.resuming(args) and env.is_main:
-        state = load_checkpoint(checkpoint, env.device)
-        first_epoch = restore(model, optimizer, state, checkpoint) + 1
+    if args.resume and checkpoint.exists() and rank == 0:  # [8] rank 0 reads; [5] sends it on
+        state = torch.load(checkpoint, map_location=device, weights_only=True)  # no code runs
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        first_epoch = state["epoch"] + 1
         log.info(f"resumed from {checkpoint}: continuing at epoch {first_epoch}")
     first_epoch = hvd.broadcast_object(first_epoch, root_rank=0)
     run.keep_epochs_before(first_epoch)
-    # [5] Start every rank from rank 0's weights and optimizer state (its random init, or the
-    #     checkpoint).
+    # [5] Start every rank from rank 0's weights and optimizer state (its init, or the checkpoint)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
-    run.write_config(args, env.as_dict(), FRAMEWORK,
-                     {"log_dir": log_dir, "scaled_lr": lr, "horovod_knobs": knobs})
 
-    # --- train / evaluate -------------------------------------------------------------------------
+    def lr_of(progress):  # --lr-warmup-epochs W: linear from the base LR to the scaled one
+        W = args.lr_warmup_epochs
+        return args.lr + (lr - args.lr) * progress / W if W and progress < W else lr
+    run.write_config(args, dict(rank=rank, local_rank=hvd.local_rank(), world_size=size,
+                                local_world_size=hvd.local_size(), launcher=launcher,
+                                device=device, backend=controller, num_threads=threads,
+                                log_dir=log_dir, scaled_lr=lr, horovod_knobs=knobs),
+                     "horovod-pytorch")
     for epoch in range(first_epoch, args.epochs + 1):
-        seed_epoch(args.seed, epoch, env.rank)  # dropout masks: a resumed run draws the same ones
+        torch.manual_seed(args.seed + 1000 * epoch + rank)  # dropout: a resumed run draws the same
         for loader in loaders:
             loader.sampler.set_epoch(epoch)  # [3] a new shuffle each epoch, the same on every rank
-
-        def lr_of(fraction):  # --lr-warmup-epochs: linear from the base LR to the scaled one
-            return lr_at(epoch - 1 + fraction, args.lr, lr, args.lr_warmup_epochs)
-
         start = time.perf_counter()
-        train = train_epoch(model, optimizer, loaders, epoch, lr_of, env, args)
+        train = train_epoch(model, optimizer, loaders, epoch, lr_of, steps, args, rank == 0)
         seconds = torch.tensor(time.perf_counter() - start, dtype=torch.float64)
         train_time = hvd.allreduce(seconds, op=hvd.Max, name="time").item()  # the slowest rank's
         sums = torch.tensor(train + evaluate(model, test_loader), dtype=torch.float64)
         sums = hvd.allreduce(sums, op=hvd.Sum, name="metrics")  # [7] metrics summed over ranks
         run.epoch_end(epoch, sums.tolist(), optimizer.param_groups[0]["lr"],
                       time.perf_counter() - start, train_time)
-        if env.is_main:  # [8] one writer; the file is replaced atomically
-            save_checkpoint(checkpoint, {"model": model.state_dict(),
-                                         "optimizer": optimizer.state_dict(), "epoch": epoch})
-
-    # --- summary ----------------------------------------------------------------------------------
-    checksums = hvd.allgather_object(param_checksum(model))  # all equal, or something broke
-    if args.save_model and env.is_main:
-        save_checkpoint(Path(log_dir) / "model.pt", model.state_dict())
-    run.summary({"wall_time_s": time.perf_counter() - wall_start, "param_checksums": checksums,
-                 "device": env.device, "world_size": env.world_size, "launcher": env.launcher,
-                 "framework": FRAMEWORK})
+        if rank == 0:  # [8] one writer, through a temporary file: a kill keeps the old checkpoint
+            state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                     "epoch": epoch}
+            log.atomic_write(checkpoint, lambda f: torch.save(state, f), mode="wb")
+    weights = torch.cat([p.detach().float().flatten().cpu() for p in model.parameters()])
+    checksum = hashlib.sha256(weights.numpy().tobytes()).hexdigest()[:16]
+    checksums = hvd.allgather_object(checksum)  # all equal, or something broke
+    if args.save_model and rank == 0:
+        torch.save(model.state_dict(), Path(log_dir) / "model.pt")
+    run.summary({"param_checksums": checksums, "device": device})
     hvd.shutdown()
 
 
 if __name__ == "__main__":
-    failures.run_main(main)  # course plumbing: each way it can end is one line (utils/failures.py)
+    parser = clip_flag(horovod_flags(get_parser(__doc__, backend=False)))
+    plumbing.run_main(main, parser) if plumbing else main(parser.parse_args())
