@@ -123,3 +123,16 @@ def test_adasum_trains_under_mpi_and_is_refused_clearly_under_gloo(tmp_path):
     assert_trained_and_identical(tmp_path / "mpi")
     result = run(horovodrun(2, HVD_TORCH, *QUICK, "--use-adasum", "--log-dir", tmp_path / "gloo"), timeout=180)
     assert_each_rank_refused(result, "Adasum", 2, horovodrun)
+
+
+@pytest.mark.parametrize("script", [HVD_TORCH, HVD_TF, HVD_KERAS])
+def test_each_lesson_sets_the_cycle_time_the_bench_reports(script):
+    """Each Horovod lesson writes its CPU knobs itself (CPU_KNOBS); the bench reads utils/dist.py's copy."""
+    import ast
+
+    from support import ROOT
+    from utils.dist import HOROVOD_CPU_KNOBS
+    tree = ast.parse((ROOT / script).read_text())
+    knobs = next(ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
+                 and any(getattr(t, "id", None) == "CPU_KNOBS" for t in node.targets))
+    assert knobs == HOROVOD_CPU_KNOBS

@@ -80,14 +80,16 @@ def tf_loop(args):
     import numpy as np
     import tensorflow as tf
 
-    from utils.tf_utils import build_model
     tf.config.threading.set_intra_op_parallelism_threads(args.num_threads)
     tf.config.threading.set_inter_op_parallelism_threads(1)
     tf.config.set_visible_devices([], "GPU")
     x, y = train_arrays(args.data_dir)
     x = x[..., np.newaxis]
     keras.utils.set_random_seed(args.seed)
-    model = build_model(keras, 0.25)
+    L = keras.layers  # the lessons' Keras CNN (horovod/tensorflow/main.py's Net)
+    model = keras.Sequential([keras.Input((28, 28, 1)), L.Conv2D(32, 3, activation="relu"),
+                              L.Conv2D(64, 3, activation="relu"), L.MaxPooling2D(2), L.Dropout(0.25), L.Flatten(),
+                              L.Dense(128, activation="relu"), L.Dropout(0.5), L.Dense(10)])
     optimizer = keras.optimizers.SGD(learning_rate=args.lr, momentum=args.momentum)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 

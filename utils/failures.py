@@ -4,8 +4,7 @@ own tracebacks.
 
 The line names the rank, where it was (the epoch and step utils/log.py's Progress last saw), and for
 a stop or a lost peer what to do next: the last good checkpoint, or how to find a hung rank
-(diagnose/hangs.md). A checkpoint that torch.load cannot read, or that does not fit the model, is
-one line too.
+(diagnose/hangs.md). An unreadable checkpoint, or one that does not fit the model, is one too.
 """
 import atexit
 import os
@@ -15,7 +14,6 @@ import time
 from utils import log
 from utils.data import DataError
 from utils.errors import UserError, fail, say
-from utils.log import checkpoint_folder
 from utils.runfiles import chosen_log_dir, epochs_done, has_checkpoint, remove_debris
 
 _ARGS = []  # the run's parsed flags (parse_args.parse notes them): --log-dir, --dist-timeout
@@ -44,8 +42,7 @@ def _rank():
 
 
 def _checkpoint_problem(exc):
-    """One line for a checkpoint that torch.load cannot read or that does not fit the model (a
-    lesson loads it with its framework's own call), or None for any other error."""
+    """One line for a checkpoint torch or TensorFlow cannot load, or that does not fit, or None."""
     import traceback
     frames = [frame for frame, _ in traceback.walk_tb(exc.__traceback__)]
     reason = " ".join(str(exc).split())[:300]
@@ -57,6 +54,9 @@ def _checkpoint_problem(exc):
             return f"checkpoint {path} is unreadable (truncated or corrupted?): {reason}"
     if any(frame.f_code.co_name == "load_state_dict" for frame in frames):
         return f"the checkpoint does not fit this model: {reason}"
+    if any(os.path.join("tensorflow", "python", "checkpoint") in f.f_code.co_filename
+           for f in frames):
+        return f"the checkpoint does not load (truncated, corrupted or of another model?): {reason}"
     return None
 
 
@@ -76,7 +76,7 @@ def _last_checkpoint():
     """(the newest complete checkpoint as 'DIR (epoch N)' or None, the log dir)."""
     args = _ARGS[0] if _ARGS else None
     log_dir = getattr(args, "log_dir", None) or chosen_log_dir()
-    folder = checkpoint_folder(getattr(args, "checkpoint_dir", None), log_dir)
+    folder = log.checkpoint_folder(getattr(args, "checkpoint_dir", None), log_dir)
     if not folder or not has_checkpoint(folder):
         return None, log_dir
     done = epochs_done(log_dir)

@@ -1,26 +1,5 @@
-"""The flags of one framework's lessons, added to utils/parse_args.py's parser: Horovod's (its
-PyTorch and TensorFlow lessons) and DeepSpeed's."""
+"""DeepSpeed's flags, added to utils/parse_args.py's parser (Horovod's lessons write their own)."""
 import argparse
-
-from utils.parse_args import positive_float, positive_int
-
-
-def horovod_flags(parser, backward_passes=False):
-    """Horovod's flags, the same in its PyTorch and TensorFlow lessons; backward_passes: also
-    --backward-passes-per-step, Horovod PyTorch's name for --grad-accum."""
-    g = parser.add_argument_group("horovod")
-    g.add_argument("--fp16-allreduce", action="store_true",
-                   help="compress gradients to fp16 for the all-reduce")
-    g.add_argument("--use-adasum", action="store_true",
-                   help="combine gradients with Adasum instead of averaging")
-    g.add_argument("--gradient-predivide-factor", type=positive_float, default=1.0,
-                   help="divide gradients by this before the sum and by size/factor after "
-                        "(numerics of big worlds)")
-    if backward_passes:
-        g.add_argument("--backward-passes-per-step", dest="grad_accum", type=positive_int,
-                       help="Horovod's name for --grad-accum: local backward passes before each "
-                            "all-reduce")
-    return parser
 
 
 def deepspeed_flags(parser):
