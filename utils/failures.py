@@ -213,7 +213,9 @@ def _leave_finished():
 def _quit(line, code, prefix="error"):
     """One line, then out at once: a rank whose peers are gone must not wait in the libraries' exit
     hooks."""
+    from utils.plumbing import remove_private_tmp
     remove_debris()
+    remove_private_tmp()  # (os._exit runs no atexit hook)
     sys.stdout.flush()
     say(line, prefix)
     os._exit(code)
