@@ -133,3 +133,16 @@ def test_test_shards_cover_the_test_set():
     parts = [list(DistributedSampler(range(1000), num_replicas=4, rank=r, shuffle=False)) for r in range(4)]
     assert sorted(i for part in parts for i in part) == list(range(1000))
     assert len({len(part) for part in parts}) == 1  # as many test batches on every rank (ZeRO-3 needs it)
+
+
+@pytest.mark.parametrize("content", ["random bytes", "object arrays"])
+def test_a_damaged_npz_says_so_and_how_to_fetch_it_again_never_to_unpickle(tmp_path, content):
+    path = tmp_path / "mnist.npz"
+    if content == "random bytes":  # numpy reads these as a pickle, and suggests allow_pickle=True
+        path.write_bytes(np.random.default_rng(0).bytes(4096))
+    else:
+        np.savez(path, x_train=np.array([{"a": 1}], dtype=object), y_train=np.zeros(1),
+                 x_test=np.zeros(1), y_test=np.zeros(1))
+    with pytest.raises(data.DataError) as caught:
+        data.load_mnist(str(tmp_path))
+    assert str(caught.value) == f"{path} is damaged or not MNIST: delete it, then add --download"

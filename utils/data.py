@@ -76,8 +76,8 @@ def _from_npz(path):
             return Mnist(z["x_train"].astype(np.uint8), z["y_train"].astype(np.int64),
                          z["x_test"].astype(np.uint8), z["y_test"].astype(np.int64),
                          f"Keras npz {path}")
-    except (OSError, ValueError, KeyError, EOFError) as exc:
-        raise DataError(f"cannot read {path}: {exc}") from exc
+    except (OSError, ValueError, KeyError, EOFError) as exc:  # (not numpy's "allow_pickle" advice)
+        raise DataError(f"{path} is damaged or not MNIST: delete it, then add --download") from exc
 
 
 def find_in_dir(data_dir):  # MNIST from the standard files in `data_dir`, or None
