@@ -222,7 +222,7 @@ def test_the_launchers_sigterm_while_the_peer_error_is_written_leaves_that_one_l
 def test_a_temporary_folder_left_by_a_killed_rank_goes_at_the_next_start(tmp_path):
     """SIGKILL runs no exit hook: the folder of a process that is gone is removed when the next one
     starts; a running process's folder is kept."""
-    from utils.plumbing import TMP_PREFIX
+    from utils.scratch import TMP_PREFIX
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
     dead, alive = tmp_path / f"{TMP_PREFIX}{gone.pid}", tmp_path / f"{TMP_PREFIX}{os.getpid()}"

@@ -99,12 +99,10 @@ def _frames(exc):
 
 
 def _waited_where(exc):
-    """('all_reduce', 'DDP/main.py:152') for the collective that failed and the course's line that
-    called it."""
+    """('all_reduce', 'DDP/main.py:152'): the collective that failed, the line that called it."""
     frames = _frames(exc)
-    # (a virtual environment may live inside the checkout)
     ours = [i for i, f in enumerate(frames) if os.path.abspath(f.filename).startswith(ROOT + os.sep)
-            and "site-packages" not in f.filename]
+            and "site-packages" not in f.filename]  # (a virtual environment may be in the checkout)
     if not ours:
         return None, None
     mine = frames[ours[-1]]
@@ -121,6 +119,8 @@ def _peer_line(exc):
         return (f"rank {_rank()} cannot listen on MASTER_PORT {port}: address already in use "
                 "(another run or connection on this node holds it); "
                 "set MASTER_PORT to a free port")
+    if no_rank_0 := _no_rank_0(exc):
+        return no_rank_0
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
     peer_line = next((line for line in lines if any(text in line for text in PEER_ERROR_TEXTS)),
                      lines[0])
@@ -198,6 +198,18 @@ def run_main(main):
         _quit(_peer_line(exc), 1)
 
 
+def _no_rank_0(exc):
+    """The line for a rank that found nobody where the ranks meet (rank 0 listens there): a rank
+    started alone, rank 0 dead before it opened the store, or a wrong MASTER_ADDR/MASTER_PORT."""
+    import re
+    found = re.search(r"trying to connect to \((\S+), (\d+)\)", str(exc))
+    if not found or _rank() == 0:
+        return None
+    return (f"rank {_rank()} found no rank 0 at {found.group(1)}:{found.group(2)} (MASTER_ADDR:"
+            "MASTER_PORT; rank 0 listens there): rank 0 never started, died before, or listens "
+            "elsewhere; start every rank with one launcher, or check the address")
+
+
 def _leave_finished():
     """Exit 0 after the exit handlers (Horovod's shutdown, mpi4py's MPI_Finalize, the TensorBoard
     file's close), without the interpreter's finalization. destroy_process_group() only unregisters
@@ -213,7 +225,7 @@ def _leave_finished():
 def _quit(line, code, prefix="error"):
     """One line, then out at once: a rank whose peers are gone must not wait in the libraries' exit
     hooks."""
-    from utils.plumbing import remove_private_tmp
+    from utils.scratch import remove_private_tmp
     remove_debris()
     remove_private_tmp()  # (os._exit runs no atexit hook)
     sys.stdout.flush()

@@ -1,23 +1,17 @@
 """Course plumbing: what a lesson does not teach, around it. A lesson brings it in with one visible
 import (commented as plumbing) and runs the same without it, as a copy in another project does:
 
-- importing it makes a missing or too old framework one line, and filters the libraries' noise
-  (utils/quiet.py says which; COURSE_VERBOSE=1 shows them); the process gets its own temporary
-  folder, removed at every ending (private_tmp);
+- importing it makes a missing or too old framework one line, filters the libraries' noise
+  (quiet.py; COURSE_VERBOSE=1 shows it) and gives the process its own temporary folder (scratch.py);
 - run_main(main, parser) checks every flag (utils/checks.py: paths, device, backend, --resume), then
   calls main(args) and ends every way it can go wrong in one line (utils/failures.py).
 """
-import atexit
 import importlib.abc
 import importlib.metadata
-import os
 import re
-import shutil
-import socket
 import sys
-import tempfile
 
-from utils import quiet
+from utils import quiet, scratch
 
 FRAMEWORKS = ("torch", "tensorflow", "keras", "tf_keras", "horovod", "deepspeed", "mpi4py", "numpy",
               "mlxtend")
@@ -66,46 +60,10 @@ class _OldFramework(importlib.abc.MetaPathFinder):
         return None
 
 
-TMP_PREFIX = f"scaling-dl-tmp-{socket.gethostname()}-"
-
-
-def private_tmp():
-    """This process's own temporary folder (tempfile.tempdir), removed at every ending.
-    TensorFlow's autograph writes a source file per traced function to the temporary folder and
-    removes it only in an atexit hook, which an ending through os._exit skips (a stop, a lost peer:
-    utils/failures.py): one stopped 2-rank run of horovod/tensorflow/main.py left 38 files in /tmp.
-    A folder whose process was killed (SIGKILL runs no hook) is removed at the next start."""
-    base = tempfile.gettempdir()
-    for name in os.listdir(base):
-        pid = name[len(TMP_PREFIX):]
-        if name.startswith(TMP_PREFIX) and pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(os.path.join(base, name), ignore_errors=True)
-    tempfile.tempdir = os.path.join(base, f"{TMP_PREFIX}{os.getpid()}")
-    os.makedirs(tempfile.tempdir, exist_ok=True)
-    atexit.register(remove_private_tmp)
-
-
-def remove_private_tmp():
-    if os.path.basename(tempfile.tempdir or "").startswith(TMP_PREFIX):
-        shutil.rmtree(tempfile.tempdir, ignore_errors=True)
-
-
-def _alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True  # (another user's)
-    return True
-
-
 def install():
     """Before the frameworks are imported: a missing one is one line, one too old too; the
-    libraries' noise is filtered; a temporary folder of this process's own."""
+    libraries' noise is filtered."""
     sys.excepthook = _missing_framework_hook
-    if not os.path.basename(tempfile.tempdir or "").startswith(TMP_PREFIX):
-        private_tmp()
     if "torch" not in sys.modules and not any(isinstance(f, _OldFramework) for f in sys.meta_path):
         sys.meta_path.insert(0, _OldFramework())
     quiet.install()
@@ -127,3 +85,4 @@ def run_main(main, parser):
 
 
 install()
+scratch.private_tmp()  # (after install(): the line numbers above are quoted in diagnose/hangs.md)
