@@ -99,8 +99,9 @@ def main(args):
     os.environ.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", str(args.dist_timeout))
     # [1] Start Horovod: rank, local rank and size come from horovodrun or the MPI launcher.
     hvd.init()
-    rank, size = hvd.rank(), hvd.size()
-    launcher = "horovodrun" if "HOROVOD_RANK" in os.environ else "mpiexec" if size > 1 else "python"
+    e, rank, size = os.environ, hvd.rank(), hvd.size()  # the launcher's name, for the logs:
+    launcher = ("horovodrun" if "HOROVOD_RANK" in e else "python" if size == 1 else "srun" if
+                "SLURM_STEP_ID" in e and "MPI_LOCALRANKID" not in e else "mpiexec")
     controller = "horovod-" + ("mpi" if hvd.mpi_enabled() else "gloo")
     if args.use_adasum and not hvd.mpi_enabled():
         sys.exit("error: --use-adasum needs the MPI controller (mpiexec, horovodrun --mpi): "

@@ -99,8 +99,9 @@ def main(args):
         os.environ.setdefault(name, value)
     os.environ.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", str(args.dist_timeout))  # gloo's ops
     hvd.init()  # [1] start Horovod
-    rank, size = hvd.rank(), hvd.size()
-    launcher = "horovodrun" if "HOROVOD_RANK" in os.environ else "mpiexec" if size > 1 else "python"
+    e, rank, size = os.environ, hvd.rank(), hvd.size()  # the launcher's name, for the logs:
+    launcher = ("horovodrun" if "HOROVOD_RANK" in e else "python" if size == 1 else "srun" if
+                "SLURM_STEP_ID" in e and "MPI_LOCALRANKID" not in e else "mpiexec")
     controller = "horovod-" + ("mpi" if hvd.mpi_enabled() else "gloo")
     # [2] one GPU per process (number = local rank), threads sized to the rank's share of the cores
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
