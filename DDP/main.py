@@ -105,22 +105,24 @@ def main(args):
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(29500 + int(job) % 1000))  # two jobs, two ports
     # [2] Pin this rank to one device before anything touches it: GPU (or Aurora tile) number =
-    #     local rank. On CPUs: its share of the cores, so that N ranks on a node do not fight.
+    #     local rank. On CPUs: its share of the cores (all, if the launcher bound it to its own).
     gpu = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
     gpu = gpu.type if gpu and gpu.type in ("cuda", "xpu") and args.device != "cpu" else None
     device = f"{gpu}:{local_rank % torch.accelerator.device_count()}" if gpu else "cpu"
     if gpu:
         torch.accelerator.set_device_index(device)  # NVIDIA (cuda:N) and Intel (xpu:N) alike
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    # all of them if the launcher bound this rank to its own cores, else a share
     threads = args.num_threads or (cores if cores < os.cpu_count() else max(1, cores // local_size))
     torch.set_num_threads(threads)
     # [1] Join the process group: back when all ranks met; a dead peer fails it after --dist-timeout
     vendor = {"cuda": "nccl", "xpu": "xccl"}.get(gpu, "gloo")  # gloo between CPUs
     backend = (vendor if args.backend == "auto" else args.backend) if world_size > 1 else "none"
-    if world_size > 1:
-        dist.init_process_group(backend, rank=rank, world_size=world_size,
-                                timeout=timedelta(seconds=args.dist_timeout))
+    wait = timedelta(seconds=args.dist_timeout)
+    if world_size > 1:  # (torchrun --max-restarts: a restarted attempt keeps its keys apart)
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        keys = None if attempt == "0" else dist.PrefixStore(attempt, next(dist.rendezvous(
+            "env://", rank, world_size, timeout=wait))[0])
+        dist.init_process_group(backend, store=keys, rank=rank, world_size=world_size, timeout=wait)
     log.configure(rank, local_rank, args.log_all_ranks)
     log_dir = [args.log_dir or log.default_log_dir("ddp")]  # runs/ddp-<time>: rank 0's time
     if world_size > 1 and not args.log_dir:
@@ -173,8 +175,7 @@ def main(args):
         start = time.perf_counter()
         train = train_epoch(model, optimizer, loaders, epoch, lr_of, steps, args, rank == 0)
         train_time = torch.tensor([time.perf_counter() - start], device=device)
-        sums = torch.tensor(train + evaluate(model, test_loader), dtype=torch.float64,
-                            device=device)
+        sums = torch.tensor(train + evaluate(model, test_loader), dtype=torch.float64).to(device)
         if world_size > 1:
             dist.all_reduce(sums, op=dist.ReduceOp.SUM)  # [7] metrics summed over ranks
             dist.all_reduce(train_time, op=dist.ReduceOp.MAX)  # the slowest rank's time
@@ -191,8 +192,7 @@ def main(args):
     if args.save_model and rank == 0:
         torch.save(getattr(model, "module", model).state_dict(), Path(log_dir[0]) / "model.pt")
     run.summary({"param_checksums": checksums, "device": device})
-    if world_size > 1:
-        dist.destroy_process_group()
+    dist.destroy_process_group() if world_size > 1 else None
 
 
 if __name__ == "__main__":

@@ -6,56 +6,69 @@
     torchrun --nproc_per_node 2 deepspeed/main.py   (also: mpiexec -n 2 python deepspeed/main.py)
     ... --zero-stage 3 --offload                    the config file is deepspeed/ds_config.json
 """
+import hashlib
 import os
 import sys
 import time
-from dataclasses import replace
 from datetime import timedelta
 from itertools import islice
 from pathlib import Path
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # the repo root *after* site-packages
-import utils
-
-utils.course_output()  # course plumbing: a missing framework is one line; noise filtered
+try:  # course plumbing, no step of the recipe (utils/plumbing.py): noise filtered, flags and the
+    from utils import plumbing  # config checked, every ending one line. A copy runs without it.
+except ImportError:
+    plumbing = None
 
 import deepspeed  # the library: this folder has no __init__.py, and the repo root comes last
 import torch
 import torch.distributed as dist
+import torch.nn as nn
 import torch.nn.functional as F
 from deepspeed.accelerator import get_accelerator, set_accelerator
 from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
+from deepspeed.checkpoint import constants as ckpt
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-from utils import checks, data, ds_checkpoint, ds_config, failures, log
-from utils import dist as course  # which variables each launcher sets; metrics functions
-from utils.errors import fail
-from utils.framework_flags import deepspeed_flags
-from utils.parse_args import get_parser
-from utils.schedule import lr_at, scaled_lr
-from utils.torch_utils import (
-    Net,
-    param_checksum,
-    save_checkpoint,
-    seed_epoch,
-    steps_per_epoch,
-    to_tensors,
-)
+from utils import data, log  # the course's helpers: MNIST, and rank 0's lines and run files
+from utils.parse_args import deepspeed_config, deepspeed_flags, get_parser
 
-FRAMEWORK = "deepspeed"
-DEFAULT_CONFIG = Path(__file__).resolve().parent / "ds_config.json"
+# What each launcher sets: rank, local rank, world size, ranks on this node (DDP/main.py's table).
+LAUNCHERS = {"torchrun": ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"),
+             "mpiexec (PALS)": ("PALS_RANKID", "PALS_LOCAL_RANKID", "PMI_SIZE", "PALS_LOCAL_SIZE"),
+             "mpirun (Open MPI)": ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
+                                   "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"),
+             "mpiexec": ("PMI_RANK", "MPI_LOCALRANKID", "PMI_SIZE", "MPI_LOCALNRANKS"),
+             "srun": ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "SLURM_NTASKS_PER_NODE")}
 
 
-def train_epoch(engine, loaders, epoch, lr_of, env, args):
+def who_am_i():
+    e = os.environ
+    if "SLURM_STEP_ID" in e and "MPI_LOCALRANKID" not in e:  # srun (its PMI_RANK has no local rank)
+        e = {k: v for k, v in e.items() if not k.startswith("PMI_")}
+    for name, (rank, local, size, local_size) in LAUNCHERS.items():
+        if rank in e and size in e:
+            local_sizes = e.get(local_size) or e.get("SLURM_TASKS_PER_NODE", e[size])
+            return (int(e[rank]), int(e.get(local, 0)), int(e[size]),
+                    int(local_sizes.split("(")[0].split(",")[0]), name)
+    return 0, 0, 1, 1, "python"
+
+
+def Net(dropout):  # pytorch/examples' MNIST CNN (1.2M parameters), as one nn.Sequential
+    return nn.Sequential(nn.Conv2d(1, 32, 3, 1), nn.ReLU(), nn.Conv2d(32, 64, 3, 1), nn.ReLU(),
+                         nn.MaxPool2d(2), nn.Dropout(dropout), nn.Flatten(), nn.Linear(9216, 128),
+                         nn.ReLU(), nn.Dropout(2 * dropout), nn.Linear(128, 10), nn.LogSoftmax(1))
+
+
+def train_epoch(engine, loaders, epoch, lr, steps, args, is_main):
     engine.train()
-    loss_sum, correct, seen = 0.0, 0, 0
-    steps = steps_per_epoch(loaders, args.max_steps)
-    progress = log.Progress(env.is_main, steps, epoch, args.log_interval)
-    # One micro-batch per step, or --grad-accum of them: one from each loader.
-    for step, micro_batches in enumerate(islice(zip(*loaders), steps)):
-        for group in engine.optimizer.param_groups:
-            group["lr"] = lr_of(step / steps)
+    sums = [0.0, 0, 0]  # loss, correct, seen
+    progress = log.Progress(is_main, steps, epoch, args.log_interval)
+    for step, micro_batches in enumerate(islice(zip(*loaders), steps)):  # one from each loader
+        at, W = epoch - 1 + step / steps, args.lr_warmup_epochs  # --lr-warmup-epochs W: linear
+        for group in engine.optimizer.param_groups:  # from the base LR to the scaled one
+            group["lr"] = args.lr + (lr - args.lr) * at / W if W and at < W else lr
         for x, y in micro_batches:
             output = engine(x)
             loss = F.nll_loss(output, y)
@@ -63,137 +76,125 @@ def train_epoch(engine, loaders, epoch, lr_of, env, args):
             #     its partition); engine.step updates after the step's micro-batches, then zeroes.
             engine.backward(loss)
             engine.step()
-            loss_sum += loss.item() * len(y)
-            correct += (output.argmax(1) == y).sum().item()
-            seen += len(y)
+            sums = [sums[0] + loss.item() * len(y), sums[1] + (output.argmax(1) == y).sum().item(),
+                    sums[2] + len(y)]
         progress.update(step + 1, loss.item())
-    return [loss_sum, correct, seen]
+    return sums
 
 
 @torch.no_grad()
 def evaluate(engine, loader):
     engine.eval()
-    loss_sum, correct, seen = 0.0, 0, 0
+    sums = [0.0, 0, 0]
     for x, y in loader:
         output = engine(x)
-        loss_sum += F.nll_loss(output, y, reduction="sum").item()
-        correct += (output.argmax(1) == y).sum().item()
-        seen += len(y)
-    return [loss_sum, correct, seen]
+        sums = [sums[0] + F.nll_loss(output, y, reduction="sum").item(),
+                sums[1] + (output.argmax(1) == y).sum().item(), sums[2] + len(y)]
+    return sums
 
 
-def main():
-    args = checks.parse(deepspeed_flags(get_parser(__doc__)))
-    if checks.finished_already(args):  # --resume auto on a run that is done: touch nothing
-        return
-    course.default_extensions_dir()  # JIT-built ops (cpu_adam): cached outside the checkout
-    wall_start = time.perf_counter()
-    # [1] Who am I? The launcher's variables give rank, local rank and world size (utils/dist.py).
-    env = course.export_rendezvous(course.discover())  # + MASTER_ADDR/PORT (loopback on one host)
-    if not env.distributed:  # DeepSpeed wants a process group even for one process: a private one
-        os.environ["MASTER_PORT"] = str(course.free_port())
-    # [2] Pin this rank to one device: accelerator number = local rank (CPUs: a share of the cores)
-    device = course.pick_device(args.device, env.local_rank)
-    if device != "cpu":
-        get_accelerator().set_device(torch.device(device).index)  # DeepSpeed's layer: cuda, xpu
-    else:  # on a GPU node too: DeepSpeed's engine would move the model to the GPU it sees
+def main(args):
+    # [1] Who am I, and where do the ranks meet? As in DDP/main.py (deepspeed sets torchrun's names)
+    rank, local_rank, world_size, local_size, launcher = who_am_i()
+    if launcher == "torchrun" and "TORCHELASTIC_RUN_ID" not in os.environ:
+        launcher, local_size = "deepspeed", int(os.environ.get("LOCAL_SIZE", local_size))
+    if world_size > 1 and "MASTER_ADDR" not in os.environ and local_size < world_size:
+        from mpi4py import MPI
+        os.environ["MASTER_ADDR"] = MPI.COMM_WORLD.bcast(os.uname().nodename, root=0)
+    job = (os.environ.get("SLURM_JOB_ID") or os.environ.get("PBS_JOBID") or "0").split(".")[0]
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    # two jobs, two ports; one process: any free port (DeepSpeed wants a group even for one rank)
+    os.environ.setdefault("MASTER_PORT", str(29500 + int(job) % 1000) if world_size > 1 else "0")
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world_size))
+    # [2] Pin this rank to one device, as in DDP/main.py, in DeepSpeed's accelerator layer too
+    gpu = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+    gpu = gpu.type if gpu and gpu.type in ("cuda", "xpu") and args.device != "cpu" else None
+    device = f"{gpu}:{local_rank % torch.accelerator.device_count()}" if gpu else "cpu"
+    if gpu:
+        get_accelerator().set_device(torch.device(device).index)  # cuda:N, xpu:N
+    else:  # else the engine moves the model to the GPU it sees; shm_comm: inference only, no build
         set_accelerator(CPU_Accelerator())
-        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # inference only: no build
-    num_threads = course.threads_per_rank(args.num_threads, env.local_world_size)
-    torch.set_num_threads(num_threads)
-    backend = course.pick_backend(args.backend, device)  # [1] the group: gloo, or nccl/xccl (GPUs)
-    course.group_timeout(timedelta(seconds=args.dist_timeout))  # also the groups DeepSpeed makes
-    deepspeed.init_distributed(backend, auto_mpi_discovery=False, verbose=False,  # ... and over it
-                               timeout=timedelta(seconds=args.dist_timeout))  # DeepSpeed's comm
-    env = replace(env, device=device, backend=backend, num_threads=num_threads)  # env, now complete
-    log.configure(env.rank, env.local_rank, args.log_all_ranks)
-    log_dir = args.log_dir or course.broadcast_object(log.default_log_dir("deepspeed"))
-    run = log.RunLog(log_dir, env.is_main)
-    ds = ds_config.load(args, env.world_size, DEFAULT_CONFIG)  # the JSON file + the flags, checked
-    log.info(f"{FRAMEWORK} {deepspeed.__version__}: {env.world_size} rank(s) via {env.launcher}, "
-             f"device {env.device}, backend {env.backend}, {env.num_threads} thread(s) per rank, "
-             f"ZeRO stage {ds.stage}{' + CPU offload' if args.offload else ''}")
-
-    # --- model, optimizer and engine -------------------------------------------------------------
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    threads = args.num_threads or (cores if cores < os.cpu_count() else max(1, cores // local_size))
+    torch.set_num_threads(threads)
+    # [1] Join the process group through DeepSpeed's layer (no MPI discovery: the variables are set)
+    backend = {"cuda": "nccl", "xpu": "xccl"}.get(gpu, "gloo") if args.backend == "auto" \
+        else args.backend
+    deepspeed.init_distributed(backend, auto_mpi_discovery=False, verbose=False,
+                               timeout=timedelta(seconds=args.dist_timeout))
+    log.configure(rank, local_rank, args.log_all_ranks)
+    log_dir = [args.log_dir or log.default_log_dir("deepspeed")]  # runs/deepspeed-<rank 0's time>
+    dist.broadcast_object_list(log_dir, src=0)
+    run = log.RunLog(log_dir[0], rank == 0)
+    config = deepspeed_config(args)  # DeepSpeed's JSON file, with the flags written over it
+    log.info(f"deepspeed {deepspeed.__version__}: {world_size} rank(s) via {launcher}, device "
+             f"{device}, backend {backend}, {threads} thread(s) per rank, ZeRO stage "
+             f"{config['zero_optimization']['stage']}{' + CPU offload' * args.offload}")
     torch.manual_seed(args.seed)
-    model = Net(args.dropout).to(env.device)
-    # [4] Scale the LR with the global batch; the optimizer itself is the config's (Adam).
-    lr = scaled_lr(args.lr, env.world_size * ds.grad_accum, not args.no_lr_scaling)
-    opt_config = ds.config.setdefault("optimizer", {"type": "Adam", "params": {}})
-    opt_config.setdefault("params", {})["lr"] = lr
+    model = Net(args.dropout).to(device)
     # [5] The engine: broadcasts rank 0's weights, builds the config's optimizer (ZeRO: partitioned)
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
-                                           config=ds.config)
-    ds_checkpoint.use_safe_checkpoints(engine)  # [8] atomic writes, weights_only=True loads
-
-    # --- data: every rank holds the whole (small) set in memory and trains on its own shard ------
-    mnist = data.load_mnist(args.data_dir, args.download, env.is_main, barrier=course.barrier)
+                                           config=config)
+    # [4] Scale the LR with the global batch: ranks x the engine's micro-batches per step.
+    A = engine.gradient_accumulation_steps()
+    lr = args.lr * world_size * A if not args.no_lr_scaling else args.lr
+    mnist = data.load_mnist(args.data_dir, args.download, rank == 0, barrier=dist.barrier)
     log.info(mnist.describe())
-    x_train, y_train, x_test, y_test = to_tensors(mnist, env.device)
-    if engine.bfloat16_enabled() or engine.fp16_enabled():  # the engine casts weights, not inputs
-        dtype = torch.bfloat16 if engine.bfloat16_enabled() else torch.half
-        x_train, x_test = x_train.to(dtype), x_test.to(dtype)
-    train_set, test_set = TensorDataset(x_train, y_train), TensorDataset(x_test, y_test)
-    # [3] Shard by *global* rank; --grad-accum A (the config's): a rank plays A ranks. Test shards
-    #     are padded to one length: at ZeRO-3 every forward gathers weights, with every rank.
-    A = ds.grad_accum
-    log.grad_accum(A, env.world_size)  # A > 1: says so
-    loaders = [DataLoader(train_set, batch_size=ds.batch_size, drop_last=True,
-                          sampler=DistributedSampler(train_set, num_replicas=env.world_size * A,
-                                                     rank=env.rank * A + k, shuffle=True,
-                                                     seed=args.seed, drop_last=True))
-               for k in range(A)]
-    test_loader = DataLoader(test_set, batch_size=args.test_batch_size, sampler=DistributedSampler(
-        test_set, num_replicas=env.world_size, rank=env.rank, shuffle=False))
-
-    checkpoint = log.checkpoint_folder(args.checkpoint_dir, log_dir)
+    dtype = next(engine.parameters()).dtype  # the engine cast the weights (bf16?), not the inputs
+    sets = [TensorDataset(torch.from_numpy(data.normalized(x)).unsqueeze(1).to(device, dtype),
+                          torch.from_numpy(y).to(device))
+            for x, y in ((mnist.x_train, mnist.y_train), (mnist.x_test, mnist.y_test))]
+    # [3] Shard by *global* rank (DDP/main.py); test shards padded alike: ZeRO-3 gathers per forward
+    log.grad_accum(A, world_size)  # A > 1: says so
+    batch = engine.train_micro_batch_size_per_gpu()
+    steps = data.batches_per_rank(len(sets[0]), world_size * A, batch, args.max_steps)
+    loaders = [DataLoader(sets[0], batch_size=batch, drop_last=True, sampler=DistributedSampler(
+        sets[0], num_replicas=world_size * A, rank=rank * A + k, seed=args.seed, drop_last=True))
+        for k in range(A)]
+    test_loader = DataLoader(sets[1], batch_size=args.test_batch_size, sampler=DistributedSampler(
+        sets[1], num_replicas=world_size, rank=rank, shuffle=False))
+    checkpoint = log.checkpoint_folder(args.checkpoint_dir, log_dir[0])
     first_epoch = 1
-    if checks.resuming(args):  # [8] every rank loads its own ZeRO partition of the optimizer state
-        try:
-            loaded, client_state = engine.load_checkpoint(checkpoint)
-        except Exception as exc:  # truncated, or of another model / stage / world size
-            fail(ds_checkpoint.not_loaded(checkpoint, exc))  # says how to change world size
-        if loaded is None:
-            fail(f"--resume: no DeepSpeed checkpoint in {checkpoint} (no 'latest' file)")
-        first_epoch = client_state["epoch"] + 1
+    latest = checkpoint / ("latest_universal" if args.load_universal else "latest")  # names a tag
+    if args.resume and latest.exists():  # [8] every rank loads its own ZeRO partition
+        loaded, state = engine.load_checkpoint(checkpoint)
+        first_epoch = state["epoch"] + 1
         log.info(f"resumed from {loaded}: continuing at epoch {first_epoch}")
     run.keep_epochs_before(first_epoch)
-    run.write_config(args, env.as_dict(), FRAMEWORK,  # what it trained with: the config's batches
-                     {"log_dir": log_dir, "scaled_lr": lr, "ds_config": ds.config, "grad_accum": A,
-                      "batch_size": ds.batch_size, "deepspeed_config": ds.path})
-
-    # --- train / evaluate ------------------------------------------------------------------------
+    run.write_config(args, dict(
+        rank=rank, local_rank=local_rank, world_size=world_size, local_world_size=local_size,
+        launcher=launcher, device=device, backend=backend, num_threads=threads, scaled_lr=lr,
+        log_dir=log_dir[0], master_addr=os.environ["MASTER_ADDR"], ds_config=config), "deepspeed")
     for epoch in range(first_epoch, args.epochs + 1):
-        seed_epoch(args.seed, epoch, env.rank)  # dropout masks: a resumed run draws the same ones
+        torch.manual_seed(args.seed + 1000 * epoch + rank)  # dropout: a resumed run draws the same
         for loader in loaders:
             loader.sampler.set_epoch(epoch)  # [3] a new shuffle each epoch, the same on every rank
-
-        def lr_of(fraction):  # --lr-warmup-epochs: linear from the base LR to the scaled one
-            return lr_at(epoch - 1 + fraction, args.lr, lr, args.lr_warmup_epochs)
-
         start = time.perf_counter()
-        train = train_epoch(engine, loaders, epoch, lr_of, env, args)
-        train_time = course.all_max(time.perf_counter() - start, env)  # the slowest rank's time
-        sums = torch.tensor(train + evaluate(engine, test_loader), dtype=torch.float64,
-                            device=env.device)
+        train = train_epoch(engine, loaders, epoch, lr, steps, args, rank == 0)
+        train_time = torch.tensor([time.perf_counter() - start], device=device)
+        sums = torch.tensor(train + evaluate(engine, test_loader), dtype=torch.float64).to(device)
         dist.all_reduce(sums, op=dist.ReduceOp.SUM)  # [7] metrics summed over ranks
+        dist.all_reduce(train_time, op=dist.ReduceOp.MAX)  # the slowest rank's time
         run.epoch_end(epoch, sums.tolist(), engine.optimizer.param_groups[0]["lr"],
-                      time.perf_counter() - start, train_time)
-        # [8] a collective: every rank writes its partition, then rank 0 points `latest` at the tag
-        ds_checkpoint.save(engine, checkpoint, f"epoch{epoch}", {"epoch": epoch}, env.is_main)
-
-    # --- summary: ZeRO-3 keeps 1/N of every parameter on each rank: gathered for a moment -------
-    gathered = deepspeed.zero.GatheredParameters(list(engine.module.parameters())) \
-        if engine.zero_optimization_stage() == 3 else torch.no_grad()
-    with gathered:
-        checksums = course.gather_object(param_checksum(engine.module))  # identical on every rank
-        if args.save_model and env.is_main:  # the whole model, in fp32
-            save_checkpoint(Path(log_dir) / "model.pt", ds_checkpoint.fp32_weights(engine))
-    run.summary({"wall_time_s": time.perf_counter() - wall_start, "param_checksums": checksums,
-                 "device": env.device, "world_size": env.world_size, "launcher": env.launcher,
-                 "framework": FRAMEWORK})
-    course.shutdown()
+                      time.perf_counter() - start, train_time.item())
+        # [8] a collective: every rank writes its partition (stamped for ds_to_universal), then
+        engine.save_checkpoint(checkpoint, tag=f"epoch{epoch}", save_latest=False, client_state={
+            "epoch": epoch, ckpt.UNIVERSAL_CHECKPOINT_INFO: {
+                ckpt.UNIVERSAL_CHECKPOINT_VERSION_KEY: ckpt.UNIVERSAL_CHECKPOINT_VERSION_VALUE}})
+        if rank == 0:  # rank 0 points `latest` at them, after a barrier, through a temporary file
+            log.atomic_write(checkpoint / "latest", lambda f: f.write(f"epoch{epoch}"))
+    with deepspeed.zero.GatheredParameters(list(engine.parameters())):  # ZeRO-3: 1/N on a rank
+        weights = torch.cat([p.detach().float().flatten().cpu() for p in engine.parameters()])
+        if args.save_model and rank == 0:  # the whole model
+            torch.save(engine.module.state_dict(), Path(log_dir[0]) / "model.pt")
+    checksums = [None] * world_size
+    dist.all_gather_object(checksums, hashlib.sha256(weights.numpy().tobytes()).hexdigest()[:16])
+    run.summary({"param_checksums": checksums, "device": device})  # all equal, or ZeRO is broken
+    dist.barrier()  # every rank past its last collective, then the groups go
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    failures.run_main(main)  # course plumbing: each way it can end is one line (utils/failures.py)
+    parser = deepspeed_flags(get_parser(__doc__))
+    plumbing.run_main(main, parser) if plumbing else main(parser.parse_args())

@@ -1,12 +1,30 @@
 """pytest's hooks and the fixtures tests share (a test names a fixture as an argument; nothing imports it). The
 helpers live in tests/support.py (run, check, the launchers, the failure tests' helpers)."""
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 sys.path.append(str(Path(__file__).resolve().parent))  # `import support` works from any working directory
 from support import check, made_once, quick, run, write_idx_set
+
+
+@pytest.fixture(scope="session", autouse=True)
+def temporary_files_in_the_session(tmp_path_factory):
+    """What the launchers leave in the temporary folder goes into this session's folder (pytest keeps the last
+    three sessions' and removes older ones), not into /tmp: torchrun leaves a torchelastic_* folder per launch
+    (its workers' log folders, empty unless asked to redirect), and one suite run launches it hundreds of times."""
+    before = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = str(tmp_path_factory.mktemp("tmp"))
+    tempfile.tempdir = None  # (tempfile reads TMPDIR again)
+    yield
+    if before is None:
+        os.environ.pop("TMPDIR")
+    else:
+        os.environ["TMPDIR"] = before
+    tempfile.tempdir = None
 
 
 @pytest.fixture(autouse=True)

@@ -115,14 +115,17 @@ def test_bad_config_in_one_process_and_under_the_deepspeed_launcher(tmp_path):
 
 
 def ds_config_read(path, **flags):
-    """utils/ds_config.read as deepspeed/main.py calls it at 2 ranks, with the flags it gets from the command line."""
+    """The config deepspeed/main.py builds (utils/parse_args.deepspeed_config) from the file and the flags it
+    gets from the command line, and the course's check of it at 2 ranks (utils/ds_guard.py)."""
     import argparse
     import sys
     sys.path.append(str(ROOT))
-    from utils import ds_config
-    args = argparse.Namespace(deepspeed_config=path, batch_size=64, grad_accum=1, zero_stage=None, offload=False)
+    from utils import ds_guard
+    from utils.parse_args import deepspeed_config
+    args = argparse.Namespace(deepspeed_config=path or str(ROOT / "deepspeed" / "ds_config.json"), batch_size=64,
+                              grad_accum=1, zero_stage=None, offload=False, lr=1e-3, load_universal=False)
     vars(args).update(flags)
-    return ds_config, *ds_config.read(args, 2, ROOT / "deepspeed" / "ds_config.json")
+    return ds_guard, deepspeed_config(args), args.deepspeed_config
 
 
 @pytest.mark.parametrize("flags,skipped", [
@@ -131,9 +134,9 @@ def ds_config_read(path, **flags):
 def test_the_gradient_norm_is_skipped_only_where_deepspeed_allows_it(flags, skipped):
     """The shipped file skips the gradient norm (README, Performance); a flag that moves the config where
     DeepSpeed refuses the skip (stages 0 and 3, offload) brings the norm back instead of failing."""
-    ds_config, config, path = ds_config_read(None, **flags)
+    ds_guard, config, path = ds_config_read(None, **flags)
     assert (config["zero_optimization"].get("compute_grad_norm") is False) == skipped
-    ds_config.check(config, path)  # and DeepSpeed's own parser accepts the result (it exits otherwise)
+    ds_guard.check(config, path, world_size=2)  # and DeepSpeed's own parser accepts the result (it exits otherwise)
 
 
 @pytest.mark.parametrize("changes,flags,words", [
@@ -147,15 +150,15 @@ def test_the_gradient_norm_is_skipped_only_where_deepspeed_allows_it(flags, skip
 ], ids=["clipping-under-a-stage-flag", "clipping-null", "bf16-zero1-fp32-accumulation", "bf16-zero1",
         "offload-in-file"])
 def test_a_file_that_needs_the_norm_it_skips_is_refused_in_one_line(tmp_path, capsys, changes, flags, words):
-    ds_config, config, path = ds_config_read(str(write_config(tmp_path, **changes)), **flags)
+    ds_guard, config, path = ds_config_read(str(write_config(tmp_path, **changes)), **flags)
     if words is None:
         try:
-            ds_config.check(config, path)
+            ds_guard.check(config, path, world_size=2)
         except SystemExit:
             assert "compute_grad_norm" not in capsys.readouterr().err
         return
     with pytest.raises(SystemExit):
-        ds_config.check(config, path)
+        ds_guard.check(config, path, world_size=2)
     assert f"compute_grad_norm false, but {words}" in capsys.readouterr().err
 
 

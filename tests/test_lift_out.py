@@ -11,13 +11,14 @@ import shutil
 
 import pytest
 
-from support import BIN, DDP, HVD_KERAS, HVD_TF, HVD_TORCH, ROOT, check, run, without_timing
+from support import BIN, DDP, DS, HVD_KERAS, HVD_TF, HVD_TORCH, ROOT, check, run, without_timing
 from tools.launch import launch_command
 
 # Each lesson that lifts out, and the launchers its copy is run under (the first: also compared with
 # the lesson run in the course, digit for digit).
 LAUNCHED_BY = {ROOT / DDP: ("torchrun", "mpiexec"), ROOT / HVD_TORCH: ("horovodrun", "mpiexec"),
-               ROOT / HVD_TF: ("horovodrun", "mpiexec"), ROOT / HVD_KERAS: ("horovodrun", "mpiexec")}
+               ROOT / HVD_TF: ("horovodrun", "mpiexec"), ROOT / HVD_KERAS: ("horovodrun", "mpiexec"),
+               ROOT / DS: ("torchrun", "mpiexec")}
 LIFTS_OUT = list(LAUNCHED_BY)
 RUNS = [(lesson, launcher) for lesson, launchers in LAUNCHED_BY.items() for launcher in launchers]
 HELPER_LINES = 400  # the helpers a lifted lesson takes along, all together
@@ -64,11 +65,14 @@ def test_the_helpers_a_lesson_takes_along_are_few_and_small(lesson):
 
 @pytest.fixture(scope="module")
 def lifted(tmp_path_factory):
-    """Each lesson copied alone as main.py, beside a utils/ holding only its helpers."""
+    """Each lesson copied alone as main.py (with the JSON files of its folder: DeepSpeed's config),
+    beside a utils/ holding only its helpers."""
     copies = {}
     for lesson in LIFTS_OUT:
         folder = tmp_path_factory.mktemp(lesson.parent.name.lower())
         shutil.copy(lesson, folder / "main.py")
+        for config in lesson.parent.glob("*.json"):
+            shutil.copy(config, folder / config.name)
         (folder / "utils").mkdir()
         for helper in helpers_of(lesson):
             shutil.copy(helper, folder / "utils" / helper.name)
@@ -103,3 +107,13 @@ def test_a_copy_refuses_a_bad_flag_in_one_line(lifted, lesson):
     assert result.returncode == 2, result.stderr
     assert result.stderr.strip().splitlines() == [
         "main.py: error: argument --batch-size: must be a positive integer, got 0 (see main.py --help)"]
+
+
+def test_the_deepspeed_lesson_reads_the_launchers_as_the_ddp_lesson_does():
+    """[1] is written out in both lessons (each lifts out alone): the same table, the same reading."""
+    def step_1(path):
+        tree = ast.parse(path.read_text())
+        return [ast.unparse(node) for node in tree.body if isinstance(node, (ast.Assign, ast.FunctionDef))
+                and getattr(node, "name", None) == "who_am_i" or isinstance(node, ast.Assign)
+                and any(getattr(t, "id", None) == "LAUNCHERS" for t in node.targets)]
+    assert len(step_1(ROOT / DDP)) == 2 and step_1(ROOT / DS) == step_1(ROOT / DDP)

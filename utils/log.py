@@ -1,6 +1,5 @@
 """Logging: rank 0 prints (a 512-rank job makes one log, not 512), and writes the run's files in
---log-dir atomically: config.json, metrics.jsonl (a line an epoch), summary.json.
-"""
+--log-dir atomically: config.json, metrics.jsonl (a line an epoch), summary.json."""
 import json
 import os
 import sys
@@ -8,14 +7,7 @@ import tempfile
 import time
 from pathlib import Path
 
-try:  # course plumbing: TensorBoard event files (utils/board.py); a copy without it writes none
-    from utils.board import Board
-except ModuleNotFoundError:
-    Board = None
-
 _RANK, _PREFIX = 0, None  # configure(): this rank; with --log-all-ranks, its line prefix
-_POSITION = {}  # epoch, step, total, at: the last training step this rank finished
-_RUN_DIR = []  # the folder of this process's RunLog
 
 
 def configure(rank, local_rank=0, log_all_ranks=False):
@@ -43,12 +35,10 @@ class Progress:
     def __init__(self, enabled, total, epoch, interval):
         self.enabled, self.total, self.epoch, self.interval = enabled, total, epoch, interval
 
-    def update(self, step, loss):
-        _POSITION.update(epoch=self.epoch, step=step, total=self.total, at=time.monotonic())
+    def update(self, step, loss):  # True if it printed
         if self.enabled and loss is not None and (step % self.interval == 0 or step == self.total):
             print(f"epoch {self.epoch} step {step}/{self.total} loss {loss:.4f}", flush=True)
-            if Board:
-                Board.step((self.epoch - 1) * self.total + step, loss)
+            return True
 
 
 def default_log_dir(script_name):
@@ -57,9 +47,8 @@ def default_log_dir(script_name):
 
 def checkpoint_folder(checkpoint_dir, log_dir):
     """The one rule for every lesson: --checkpoint-dir, else <log-dir>/checkpoints (or None)."""
-    if checkpoint_dir or log_dir:
-        return Path(checkpoint_dir or Path(log_dir) / "checkpoints")
-    return None
+    return Path(checkpoint_dir or Path(log_dir) / "checkpoints") if checkpoint_dir or log_dir \
+        else None
 
 
 def atomic_write(path, write_fn, mode="w"):
@@ -93,11 +82,8 @@ class RunLog:
         self.dir, self.is_main, self.history, self.about = log_dir, is_main, [], {}
         self.start = time.perf_counter()
         self.metrics_path = os.path.join(log_dir, "metrics.jsonl")
-        _RUN_DIR[:] = [log_dir]
         if is_main:
             os.makedirs(log_dir, exist_ok=True)
-        if Board:
-            Board.open(log_dir, is_main)
 
     def write_config(self, args, env, framework, extra=None):  # env: a dict (world_size, ...)
         self.about = {"world_size": env["world_size"], "launcher": env["launcher"],
@@ -106,8 +92,7 @@ class RunLog:
             config = dict(vars(args), framework=framework, **env, **(extra or {}))
             write_json(os.path.join(self.dir, "config.json"), config)
 
-    def keep_epochs_before(self, first_epoch):
-        """On resume: keep the epochs already done, so the history reads as one run."""
+    def keep_epochs_before(self, first_epoch):  # on resume: the history reads as one run
         if os.path.exists(self.metrics_path):
             with open(self.metrics_path) as f:
                 self.history = [m for m in map(json.loads, filter(str.strip, f))
@@ -119,8 +104,7 @@ class RunLog:
             lines = [json.dumps(m) + "\n" for m in self.history]
             atomic_write(self.metrics_path, lambda f: f.writelines(lines))
 
-    def epoch_end(self, epoch, sums, lr, epoch_time_s, train_time_s):
-        """One epoch from the metric sums over all ranks (train loss/correct/seen, then test's)."""
+    def epoch_end(self, epoch, sums, lr, epoch_time_s, train_time_s):  # sums: over all ranks
         train_loss, train_correct, train_seen, test_loss, test_correct, test_seen = sums
         m = dict(epoch=epoch, train_loss=train_loss / train_seen,
                  train_acc=train_correct / train_seen, test_loss=test_loss / test_seen,
@@ -128,22 +112,15 @@ class RunLog:
                  train_time_s=train_time_s, samples_per_s=train_seen / train_time_s, **self.about)
         self.history.append(m)  # samples/s: all ranks' samples over the slowest rank's time
         self._write_metrics()
-        if self.is_main and Board:
-            Board.epoch(m)
         info(f"epoch {epoch:>2}  train_loss {m['train_loss']:.4f}  train_acc {m['train_acc']:.4f}  "
              f"test_loss {m['test_loss']:.4f}  test_acc {m['test_acc']:.4f}  lr {lr:.4g}  "
              f"{m['samples_per_s']:.0f} samples/s  {epoch_time_s:.1f}s")
 
-    def summary(self, extra):
-        """The last epoch's numbers and `extra` into summary.json, and a table on stdout."""
+    def summary(self, extra):  # the last epoch's numbers and `extra`: summary.json, and a table
         s = {**(self.history[-1] if self.history else {}), **self.about,
              "wall_time_s": time.perf_counter() - self.start, **extra}
-        if (peak := peak_accelerator_mb()) is not None:
-            s["peak_accelerator_mb"] = peak
         if self.is_main:
             write_json(os.path.join(self.dir, "summary.json"), s)
-        if Board:
-            Board.close()
         rows = [("framework", s.get("framework")), ("launcher", s.get("launcher")),
                 ("ranks", s.get("world_size")), ("device", s.get("device")),
                 ("epochs", s.get("epoch")), ("test accuracy", f"{s.get('test_acc', 0):.4f}"),
@@ -152,10 +129,3 @@ class RunLog:
         info("\n".join(["", "summary", "-" * 40] + [f"{k:<18}  {v}" for k, v in rows] + ["-" * 40]))
         return s
 
-
-def peak_accelerator_mb():  # this process's peak GPU memory in MB (tensors, not the cache), or None
-    torch = sys.modules.get("torch")  # (the TensorFlow lessons never import torch)
-    for gpu in [getattr(torch, kind, None) for kind in ("cuda", "xpu")]:
-        if gpu is not None and gpu.is_available() and gpu.is_initialized():
-            return round(gpu.max_memory_allocated() / 2**20, 1)
-    return None

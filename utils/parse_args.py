@@ -1,8 +1,10 @@
 """One argument parser for every lesson: the same flag means the same thing in every script. A bad
-value is one line (`main.py: error: ...`) and exit 2 on every rank (more checks: utils/checks.py).
-"""
+value is one line (`main.py: error: ...`), exit 2 on every rank (more checks: utils/checks.py)."""
 import argparse
+import json
 import math
+import os
+import sys
 
 
 def _checked(name, kind, ok, should_be):  # an argparse type: kind(text), refused unless ok(value)
@@ -85,3 +87,35 @@ def clip_flag(parser):  # for the lessons that implement it (DDP and Horovod PyT
         help="before each step, rescale the averaged gradient to a global L2 norm <= MAX_NORM "
              "(with warmup it rescues the scaled LR at 128 emulated ranks: README, the LR lesson)")
     return parser
+
+
+
+def deepspeed_flags(parser):  # deepspeed/main.py: DeepSpeed's --deepspeed_config, and ZeRO's flags
+    import deepspeed
+    deepspeed.add_config_arguments(parser)  # (the deepspeed launcher adds --local_rank: ignored)
+    parser.add_argument("--local_rank", "--local-rank", type=int, help=argparse.SUPPRESS)
+    parser.set_defaults(deepspeed_config=os.path.join(os.path.dirname(sys.argv[0]),
+                                                      "ds_config.json"), lr=1e-3)  # Adam's LR
+    flag = parser.add_argument_group("ZeRO").add_argument
+    flag("--zero-stage", type=int, choices=[0, 1, 2, 3], help="override the config's stage")
+    flag("--offload", action="store_true", help="Adam's states and step on the CPU (stage 1-3)")
+    flag("--load-universal", action="store_true", help="--resume from a universal checkpoint")
+    return parser
+
+
+def deepspeed_config(args):  # DeepSpeed's JSON file, with the flags written over it
+    with open(args.deepspeed_config) as f:
+        config = json.load(f)
+    config.setdefault("train_micro_batch_size_per_gpu", args.batch_size)
+    if "train_batch_size" not in config:  # (if it is, DeepSpeed derives the accumulation steps)
+        config.setdefault("gradient_accumulation_steps", args.grad_accum)
+    config.setdefault("optimizer", {"type": "Adam"}).setdefault("params", {})["lr"] = args.lr
+    zero = config.setdefault("zero_optimization", {})
+    zero["stage"] = zero.get("stage", 0) if args.zero_stage is None else args.zero_stage
+    if args.offload:  # DeepSpeed's C++ Adam (cpu_adam) for the states on the CPU: not torch's
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": False}
+        config["optimizer"]["params"].pop("torch_adam", None)
+    if args.offload or args.zero_stage in (0, 3):  # DeepSpeed skips the gradient norm at 1-2 only
+        zero.pop("compute_grad_norm", None)
+    config.setdefault("checkpoint", {})["load_universal"] = args.load_universal  # --resume reads
+    return config

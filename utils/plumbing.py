@@ -11,7 +11,7 @@ import importlib.metadata
 import re
 import sys
 
-from utils import quiet, scratch
+from utils import log, quiet, scratch, watch
 
 FRAMEWORKS = ("torch", "tensorflow", "keras", "tf_keras", "horovod", "deepspeed", "mpi4py", "numpy",
               "mlxtend")
@@ -73,16 +73,26 @@ def run_main(main, parser):
     """main(args) with the flags checked, every ending one line (utils/failures.py), and nothing
     done for --resume auto on a run that has finished."""
     from utils import checks, failures
-    from utils.dist import discover, warn_shared_cores
 
     def checked_main():
         args = checks.parse(parser)
-        warn_shared_cores(discover().local_world_size)
+        _before_main(args)
         if not checks.finished_already(args):
             checks.resume_check(args)
             main(args)
     failures.run_main(checked_main)
 
 
+def _before_main(args):
+    """Cores shared by more ranks than they have; deepspeed/main.py's config checked, and
+    deepspeed.initialize wrapped (utils/ds_guard.py)."""
+    from utils.dist import discover, warn_shared_cores
+    warn_shared_cores(discover().local_world_size)
+    if "deepspeed" in sys.modules and hasattr(args, "deepspeed_config"):
+        from utils import ds_guard
+        ds_guard.install(args)
+
+
 install()
 scratch.private_tmp()  # (after install(): the line numbers above are quoted in diagnose/hangs.md)
+watch.install(log)  # TensorBoard's event files and the failure reports, around log's classes

@@ -5,7 +5,7 @@ fails before its first result.
 import json
 import os
 
-from utils import log
+from utils import watch
 
 # outermost folders this run created: removed again if it fails before writing a result
 _CREATED = []
@@ -13,7 +13,7 @@ _DEFAULT_DIR = []  # [True] when the lesson names the run's folder itself (no --
 
 # The file each framework writes last when it saves a checkpoint: torch examples,
 # tf.train.CheckpointManager, DeepSpeed.
-CHECKPOINT_MARKERS = ("checkpoint.pt", "checkpoint", "latest")
+CHECKPOINT_MARKERS = ("checkpoint.pt", "checkpoint", "latest", "latest_universal")
 
 
 def has_checkpoint(folder):
@@ -72,4 +72,4 @@ def remove_debris():
 
 def chosen_log_dir():
     """The folder of this run's files, once the lesson has opened it (None before)."""
-    return log._RUN_DIR[0] if log._RUN_DIR else None
+    return watch.RUN_DIR[0] if watch.RUN_DIR else None

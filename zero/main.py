@@ -38,7 +38,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-from utils import data, failures, log
+from utils import data, failures, log, watch
 from utils import dist as course  # which variables each launcher sets
 from utils.checks import Parser
 from utils.errors import fail
@@ -184,7 +184,7 @@ def main():
     elapsed = time.perf_counter() - start
 
     held.update(rank=rank, peak_rss=census.peak_rss_bytes(), base_rss=base_rss, setup_rss=setup_rss,
-                peak_is_training_only=peak_reset, peak_gpu_mb=log.peak_accelerator_mb())
+                peak_is_training_only=peak_reset, peak_gpu_mb=watch.peak_accelerator_mb())
     result = dict(variant=args.variant, label=label, stage=stage, offload=offload, ranks=n, psi=psi,
                   hidden=args.hidden, layers=args.layers, batch_size=args.batch_size, device=device,
                   backend=backend, steps=args.steps, losses=losses, train_time_s=elapsed,
