@@ -28,9 +28,7 @@ from utils.log import atomic_write
 def install(args):
     """Before the lesson's main(args): the flags and the JSON file checked; deepspeed.initialize
     wrapped."""
-    import torch.distributed.distributed_c10d as c10d
-
-    from utils.dist import default_extensions_dir
+    from utils.dist import default_extensions_dir, group_timeout
     path = args.deepspeed_config
     try:
         with open(path) as f:
@@ -44,9 +42,7 @@ def install(args):
         fail("--offload needs ZeRO stage 1, 2 or 3 (add --zero-stage 2)")
     if args.load_universal and not args.resume:
         fail("--load-universal says what --resume loads: add --resume")
-    c10d.default_pg_timeout = timedelta(seconds=args.dist_timeout)  # also DeepSpeed's own groups
-    if hasattr(c10d, "default_pg_nccl_timeout"):
-        c10d.default_pg_nccl_timeout = c10d.default_pg_timeout
+    group_timeout(timedelta(seconds=args.dist_timeout))  # also the groups DeepSpeed makes itself
     default_extensions_dir()
     initialize = deepspeed.initialize
 
