@@ -72,10 +72,8 @@ def train_epoch(engine, loaders, epoch, lr, steps, args, is_main):
         for x, y in micro_batches:
             output = engine(x)
             loss = F.nll_loss(output, y)
-            # [6] gradients averaged: engine.backward reduces them over ranks (ZeRO-2/3: each keeps
-            #     its partition); engine.step updates after the step's micro-batches, then zeroes.
-            engine.backward(loss)
-            engine.step()
+            engine.backward(loss)  # [6] gradients averaged over ranks (ZeRO-2/3: each keeps its
+            engine.step()  # partition); the update after the step's micro-batches, then zeroed
             sums = [sums[0] + loss.item() * len(y), sums[1] + (output.argmax(1) == y).sum().item(),
                     sums[2] + len(y)]
         progress.update(step + 1, loss.item())
@@ -118,19 +116,24 @@ def main(args):
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     threads = args.num_threads or (cores if cores < os.cpu_count() else max(1, cores // local_size))
     torch.set_num_threads(threads)
-    # [1] Join the process group through DeepSpeed's layer (no MPI discovery: the variables are set)
-    backend = {"cuda": "nccl", "xpu": "xccl"}.get(gpu, "gloo") if args.backend == "auto" \
-        else args.backend
-    deepspeed.init_distributed(backend, auto_mpi_discovery=False, verbose=False,
-                               timeout=timedelta(seconds=args.dist_timeout))
+    vendor = {"cuda": "nccl", "xpu": "xccl"}.get(gpu, "gloo")  # [1] join, via DeepSpeed's layer
+    backend = vendor if args.backend == "auto" else args.backend  # (below: no MPI discovery)
+    wait, attempt = timedelta(seconds=args.dist_timeout), os.getenv("TORCHELASTIC_RESTART_COUNT")
+    if attempt not in (None, "0"):  # torchrun --max-restarts: this attempt's keys apart (as DDP)
+        keys = dist.PrefixStore(attempt, next(dist.rendezvous(
+            "env://", rank, world_size, timeout=wait))[0])
+        dist.init_process_group(backend, store=keys, rank=rank, world_size=world_size, timeout=wait)
+    deepspeed.init_distributed(backend, auto_mpi_discovery=False, verbose=False, timeout=wait)
     log.configure(rank, local_rank, args.log_all_ranks)
     log_dir = [args.log_dir or log.default_log_dir("deepspeed")]  # runs/deepspeed-<rank 0's time>
     dist.broadcast_object_list(log_dir, src=0)
     run = log.RunLog(log_dir[0], rank == 0)
     config = deepspeed_config(args)  # DeepSpeed's JSON file, with the flags written over it
+    mnist = data.load_mnist(args.data_dir, args.download, rank == 0, barrier=dist.barrier)
     log.info(f"deepspeed {deepspeed.__version__}: {world_size} rank(s) via {launcher}, device "
              f"{device}, backend {backend}, {threads} thread(s) per rank, ZeRO stage "
-             f"{config['zero_optimization']['stage']}{' + CPU offload' * args.offload}")
+             f"{config['zero_optimization']['stage']}{' + CPU offload' * args.offload}\n"
+             f"{mnist.describe()}")
     torch.manual_seed(args.seed)
     model = Net(args.dropout).to(device)
     # [5] The engine: broadcasts rank 0's weights, builds the config's optimizer (ZeRO: partitioned)
@@ -139,8 +142,6 @@ def main(args):
     # [4] Scale the LR with the global batch: ranks x the engine's micro-batches per step.
     A = engine.gradient_accumulation_steps()
     lr = args.lr * world_size * A if not args.no_lr_scaling else args.lr
-    mnist = data.load_mnist(args.data_dir, args.download, rank == 0, barrier=dist.barrier)
-    log.info(mnist.describe())
     dtype = next(engine.parameters()).dtype  # the engine cast the weights (bf16?), not the inputs
     sets = [TensorDataset(torch.from_numpy(data.normalized(x)).unsqueeze(1).to(device, dtype),
                           torch.from_numpy(y).to(device))
@@ -155,8 +156,7 @@ def main(args):
     test_loader = DataLoader(sets[1], batch_size=args.test_batch_size, sampler=DistributedSampler(
         sets[1], num_replicas=world_size, rank=rank, shuffle=False))
     checkpoint = log.checkpoint_folder(args.checkpoint_dir, log_dir[0])
-    first_epoch = 1
-    latest = checkpoint / ("latest_universal" if args.load_universal else "latest")  # names a tag
+    first_epoch, latest = 1, checkpoint / ("latest_universal" if args.load_universal else "latest")
     if args.resume and latest.exists():  # [8] every rank loads its own ZeRO partition
         loaded, state = engine.load_checkpoint(checkpoint)
         first_epoch = state["epoch"] + 1

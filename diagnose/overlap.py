@@ -31,9 +31,9 @@ from pathlib import Path
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # after site-packages
 
-import utils
+from utils import plumbing  # noqa: F401  (course plumbing: importing it filters the noise)
 
-utils.course_output()
+# isort: split
 
 import collectives  # diagnose/collectives.py, beside this file: its DDP bucket probe
 import torch

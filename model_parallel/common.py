@@ -4,16 +4,18 @@ counters behind their summary.json (bytes sent per step; a pipeline stage's comp
 The counters only watch: the lessons' steps are all in tensor_parallel.py and pipeline_parallel.py.
 """
 import hashlib
+import statistics
 import time
 from collections import Counter, OrderedDict
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.tensor import DTensor, Shard
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from utils.errors import fail
+from utils import parse_args
 from utils.parse_args import get_parser, positive_int
 
 LAYERS = 4  # hidden layers fc1..fc4 (784 -> W, then W -> W), then the 10-way head
@@ -42,12 +44,31 @@ def stage_layers(model, stage, stages):
     return nn.Sequential(OrderedDict((name, getattr(model, name)) for name in names))
 
 
-def parser(doc, schedules=None):
-    """The course's flags and --width (no dropout); schedules: + --schedule, --micro-batches."""
-    p = get_parser(doc)
+class Parser(parse_args.Parser):
+    """The course's flags, and what these lessons refuse when parsing them, on every rank before any
+    process group: flags they do not implement, sizes that do not split over the `ranks`."""
+
+    def __init__(self, ranks, **kwargs):
+        super().__init__(**kwargs)
+        self.ranks = ranks
+
+    def parse_known_args(self, args=None, namespace=None):
+        args, rest = super().parse_known_args(args, namespace)
+        for problem in problems(args, self.ranks):
+            self.error(problem)  # one line, exit 2
+        return args, rest
+
+
+def parser(doc, ranks, dp=False, schedules=None):
+    """The course's flags and --width (no dropout); dp: + --dp (tensor_parallel.py); schedules:
+    + --schedule, --micro-batches (pipeline_parallel.py)."""
+    p = get_parser(doc, cls=lambda **kwargs: Parser(ranks, **kwargs))
     p.set_defaults(dropout=0.0)
     p.add_argument("--width", type=positive_int, default=1024,
                    help="width of the MLP's four hidden layers")
+    if dp:
+        p.add_argument("--dp", type=positive_int, default=1, help="data-parallel replicas: the "
+                       "ranks form a dp x tp mesh, tp = world size / dp")
     if schedules:
         p.add_argument("--micro-batches", type=positive_int, default=4,
                        help="micro-batches per batch (K)")
@@ -55,16 +76,50 @@ def parser(doc, schedules=None):
     return p
 
 
-def check_shared_flags(args):
-    """Shared flags these lessons do not implement: one line and exit 2, not silently ignored."""
+def problems(args, ranks):
+    """What these lessons cannot do with these flags on `ranks` ranks."""
     if args.resume or args.checkpoint_dir:
-        fail("--resume/--checkpoint-dir: the model-parallel lessons keep no checkpoints "
-             "(--save-model writes the final weights)")
+        yield ("--resume/--checkpoint-dir: the model-parallel lessons keep no checkpoints "
+               "(--save-model writes the final weights)")
     if args.grad_accum != 1:
-        fail("--grad-accum: not in the model-parallel lessons (pipeline_parallel.py's "
-             "--micro-batches is gradient accumulation)")
+        yield ("--grad-accum: not in the model-parallel lessons (pipeline_parallel.py's "
+               "--micro-batches is gradient accumulation)")
     if args.dropout:
-        fail("--dropout: the lessons' MLP has no dropout layers")
+        yield "--dropout: the lessons' MLP has no dropout layers"
+    if hasattr(args, "dp") and ranks % args.dp:  # tensor_parallel.py: tp = ranks / dp
+        yield f"--dp {args.dp} does not divide the {ranks} rank(s) into dp x tp"
+    elif hasattr(args, "dp") and args.width % (ranks // args.dp):
+        yield (f"{ranks // args.dp} tensor-parallel ranks do not divide the layer width "
+               f"{args.width} (--width): each rank must hold an equal slice")
+    if hasattr(args, "schedule"):  # pipeline_parallel.py: one stage per rank
+        k = args.micro_batches
+        if LAYERS % ranks:
+            yield (f"the MLP's {LAYERS} hidden layers do not split into {ranks} equal stages "
+                   f"(one per rank): run 1, 2 or 4 ranks")
+        if args.batch_size % k:
+            yield (f"--micro-batches {k} does not divide --batch-size {args.batch_size} "
+                   f"into equal micro-batches")
+        if args.schedule == "1f1b" and k < ranks:
+            yield (f"--schedule 1f1b needs at least one micro-batch per stage: "
+                   f"--micro-batches {k} < {ranks} stages")
+
+
+def gather(obj):
+    """Every rank's `obj`, in rank order (one process: [obj])."""
+    if not dist.is_initialized():
+        return [obj]
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def slowest(seconds, device):
+    """The largest over the ranks of a time (of a list of times: their median)."""
+    seconds = statistics.median(seconds) if isinstance(seconds, list) else seconds
+    t = torch.tensor([seconds], dtype=torch.float64, device=device)
+    if dist.is_initialized():
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
 
 
 def full_tensor(t):
@@ -80,39 +135,14 @@ def checksum(state):
     return h.hexdigest()[:16]
 
 
-def tensor_parallel_size(args, world_size):
-    """tp = world size / --dp, checked before any process group: bad sizes fail on every rank."""
-    if world_size % args.dp:
-        fail(f"--dp {args.dp} does not divide the {world_size} rank(s) into dp x tp")
-    tp = world_size // args.dp
-    if args.width % tp:
-        fail(f"{tp} tensor-parallel ranks do not divide the layer width {args.width} (--width): "
-             f"each rank must hold an equal slice")
-    return tp
-
-
-def check_pipeline(args, stages):
-    """Stages and micro-batches that fit, checked before any process group."""
-    k = args.micro_batches
-    if LAYERS % stages:
-        fail(f"the MLP's {LAYERS} hidden layers do not split into {stages} equal stages "
-             f"(one per rank): run 1, 2 or 4 ranks")
-    if args.batch_size % k:
-        fail(f"--micro-batches {k} does not divide --batch-size {args.batch_size} "
-             f"into equal micro-batches")
-    if args.schedule == "1f1b" and k < stages:
-        fail(f"--schedule 1f1b needs at least one micro-batch per stage: "
-             f"--micro-batches {k} < {stages} stages")
-
-
 def local(t):
     """This rank's part of a tensor: a DTensor's local slice, a plain tensor as is."""
     return t.to_local() if isinstance(t, DTensor) else t
 
 
-def tensor_parallel_report(model, state, gather):
+def tensor_parallel_report(model, state):
     """What each rank holds: its slices' checksum (equal over dp), parameter bytes, the split
-    weights' elements per rank and in full (`gather`: every rank's value, as a list)."""
+    weights' elements per rank and in full (lists: every rank's value)."""
     split = [p for p in model.parameters()
              if isinstance(p, DTensor) and isinstance(p.placements[-1], Shard)]
     slices = {name: local(t) for name, t in model.state_dict().items()}
@@ -123,9 +153,10 @@ def tensor_parallel_report(model, state, gather):
                                   "per_rank": gather(sum(local(p).numel() for p in split))}}
 
 
-def pipeline_report(part, stage, state, timing, stages, k, schedule, gather):
-    """What each stage holds; its measured idle fraction against the bubble, (S-1) / (K+S-1)."""
-    nan = float("nan")
+def pipeline_report(part, stage, state, timing, wire, k, schedule):
+    """What each stage holds and sends; its measured idle fraction against the bubble,
+    (S-1) / (K+S-1); the slowest stage's median step time."""
+    stages, nan = dist.get_world_size() if dist.is_initialized() else 1, float("nan")
     _, pipe_s, compute_s = (sum(column) for column in zip(*timing)) if timing else (0.0, nan, 0.0)
     return {"param_bytes_per_rank": gather(sum(p.nbytes for p in part.parameters())),
             "param_bytes_full_model": sum(t.nbytes for t in state.values()),
@@ -133,7 +164,9 @@ def pipeline_report(part, stage, state, timing, stages, k, schedule, gather):
                          "idle_fraction": gather(1 - compute_s / pipe_s if stage else 0.0),
                          "idle_fraction_theory": (stages - 1) / (k + stages - 1),
                          "peak_micro_batches_in_flight": gather(
-                             getattr(stage, "peak_in_flight", 0))}}
+                             getattr(stage, "peak_in_flight", 0))},
+            "wire_bytes_per_step": gather(wire.per_step()),
+            "step_time_s": max(gather(statistics.median(t[0] for t in timing) if timing else nan))}
 
 
 WIRE_OPS = ("all_reduce", "allreduce_", "all_gather_into_tensor", "reduce_scatter_tensor",

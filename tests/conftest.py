@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 sys.path.append(str(Path(__file__).resolve().parent))  # `import support` works from any working directory
-from support import check, made_once, quick, run, write_idx_set
+from support import ROOT, check, launch_command, made_once, quick, run, write_idx_set
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -25,6 +25,24 @@ def temporary_files_in_the_session(tmp_path_factory):
     else:
         os.environ["TMPDIR"] = before
     tempfile.tempdir = None
+
+
+@pytest.fixture(scope="session")
+def shared_run(tmp_path_factory):
+    """shared_run(script, launcher, flags): a 2-rank run of a lesson under a launcher with these flags, made once
+    per session and read by every test that asks for the same one: a lesson's own tests (the loss falls, the ranks
+    agree, a resumed run ends where it ended) and tests/test_lift_out.py (a copy of the lesson ends the same, digit
+    for digit). Returns (log dir, stdout + stderr)."""
+    done = {}
+
+    def get(script, launcher, flags, timeout=300):
+        key = ((ROOT / script).resolve(), launcher, tuple(map(str, flags)))
+        if key not in done:
+            log_dir = tmp_path_factory.mktemp(f"{key[0].parent.name}-{key[0].stem}-{launcher}".lower())
+            result = check(run(launch_command(script, 2, launcher, [*flags, "--log-dir", log_dir]), timeout=timeout))
+            done[key] = (log_dir, result.stdout + result.stderr)
+        return done[key]
+    return get
 
 
 @pytest.fixture(autouse=True)

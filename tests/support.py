@@ -28,6 +28,11 @@ HVD_TF = EXAMPLES["horovod-tensorflow"]
 HVD_KERAS = EXAMPLES["horovod-keras"]
 DS = EXAMPLES["deepspeed"]
 ZERO = EXAMPLES["zero"]
+FSDP_CKPT = "zero/fsdp_checkpoint.py"  # a lesson script that is not in tools/examples.tsv
+# A lesson's 2-rank run in its own tests, shared (conftest.py's shared_run) with the lift-out test's comparison and
+# the simulated-nodes test's one-node run: one thread per rank, so that runs with another number of ranks per node
+# compute alike.
+QUICK = ["--epochs", "2", "--max-steps", "8", "--log-interval", "4", "--num-threads", "1"]
 TP = EXAMPLES["tensor-parallel"]
 PP = EXAMPLES["pipeline-parallel"]
 

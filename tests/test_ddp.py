@@ -4,10 +4,10 @@ import torch
 
 from support import (
     DDP,
+    QUICK,
     assert_each_rank_refused,
     check,
     error_lines,
-    made_once,
     metrics,
     mpiexec,
     python,
@@ -18,17 +18,13 @@ from support import (
 )
 
 SCRIPT = DDP
-QUICK = ["--epochs", "2", "--max-steps", "8", "--log-interval", "4"]
 
 
 @pytest.fixture(scope="module")
-def quick_run(tmp_path_factory):
-    """The 2-rank QUICK run under a launcher, made once: the test that checks it and the resume test that
-    compares against it read the same files."""
-    def make(launcher, log_dir):
-        check(run(launcher(2, SCRIPT, *QUICK, "--log-dir", log_dir), timeout=240))
-        return log_dir
-    return made_once(tmp_path_factory, make)
+def quick_run(shared_run):
+    """The 2-rank QUICK run under a launcher, made once: the test that checks it, the resume test that compares
+    against it and tests/test_lift_out.py read the same files."""
+    return lambda launcher: shared_run(SCRIPT, launcher.__name__, QUICK)[0]
 
 
 @pytest.mark.parametrize("launcher", [torchrun, mpiexec], ids=["torchrun", "mpiexec"])

@@ -9,12 +9,12 @@ import pytest
 
 from support import (
     DS,
+    QUICK,
     ROOT,
     assert_event_epochs,
     check,
     deepspeed_launcher,
     error_lines,
-    made_once,
     metrics,
     mpiexec,
     python,
@@ -24,7 +24,6 @@ from support import (
 )
 
 SCRIPT = DS
-QUICK = ["--epochs", "2", "--max-steps", "8", "--log-interval", "4"]
 DDP_METRIC_KEYS = {"epoch", "train_loss", "train_acc", "test_loss", "test_acc", "lr", "epoch_time_s", "train_time_s",
                    "samples_per_s", "world_size", "framework", "launcher"}
 
@@ -33,15 +32,10 @@ LAUNCHES = {"deepspeed": (deepspeed_launcher, "2"), "torchrun": (torchrun, "3"),
 
 
 @pytest.fixture(scope="module")
-def quick_run(tmp_path_factory):
-    """The 2-rank QUICK run under a launcher (its log dir and output), made once: the test that checks it
-    and the resume test that compares against it read the same files."""
-    def make(name, log_dir):
-        launcher, stage = LAUNCHES[name]
-        result = check(run(launcher(2, SCRIPT, *QUICK, "--zero-stage", stage, "--log-dir", log_dir),
-                           timeout=240))
-        return log_dir, result.stdout + result.stderr
-    return made_once(tmp_path_factory, make)
+def quick_run(shared_run):
+    """The 2-rank QUICK run under a launcher (its log dir and output), made once: the test that checks it,
+    the resume test that compares against it and tests/test_lift_out.py read the same files."""
+    return lambda name: shared_run(SCRIPT, name, [*QUICK, "--zero-stage", LAUNCHES[name][1]])
 
 
 @pytest.mark.parametrize("name", LAUNCHES)

@@ -21,6 +21,7 @@ from support import (
     HVD_TF,
     HVD_TORCH,
     PP,
+    QUICK,
     ROOT,
     TP,
     assert_each_rank_refused,
@@ -174,18 +175,17 @@ def test_ddp_on_two_simulated_nodes_numbers_ranks_globally_and_equals_one_node(t
 
 @pytest.mark.parametrize("script, launcher", [(DDP, "mpiexec"), (HVD_TORCH, "mpiexec"), (DS, "torchrun"),
                                               (TP, "torchrun"), (PP, "torchrun")])
-def test_every_pytorch_example_on_two_simulated_nodes_equals_one_node(tmp_path, script, launcher):
-    flags = [*SHORT, "--log-all-ranks"]
-    one = mpiexec(2, script, *flags, "--log-dir", tmp_path / "one") if launcher == "mpiexec" else \
-        torchrun(2, script, *flags, "--log-dir", tmp_path / "one")
-    check(run(one, timeout=300))
-    nodes = run_together(launch.simulated_nodes(script, 2, 1, launcher, [*flags, "--log-dir", tmp_path / "two"]),
+def test_every_pytorch_example_on_two_simulated_nodes_equals_one_node(shared_run, tmp_path, script, launcher):
+    flags = [*QUICK, "--zero-stage", "3"] if script == DS else QUICK  # the lesson's own tests' run on one node
+    one, _ = shared_run(script, launcher, flags)
+    nodes = run_together(launch.simulated_nodes(script, 2, 1, launcher,
+                                                [*flags, "--log-all-ranks", "--log-dir", tmp_path / "two"]),
                          timeout=300)
     assert all(code == 0 for code, _, _ in nodes), [err[-2000:] for _, _, err in nodes]
     every = "".join(out for _, out, _ in nodes)
     assert "[rank 0, local 0]" in every and "[rank 1, local 0]" in every  # one rank per node: local 0 on both
     assert "[rank 1, local 1]" not in every
-    same_training(tmp_path / "one", tmp_path / "two")
+    same_training(one, tmp_path / "two")
 
 
 def test_simulated_nodes_refuses_a_launcher_that_cannot_do_it():

@@ -11,6 +11,7 @@ import pytest
 from support import (
     DDP,
     DS,
+    FSDP_CKPT,
     HVD_KERAS,
     HVD_TF,
     HVD_TORCH,
@@ -28,7 +29,6 @@ from support import (
     torchrun,
 )
 
-FSDP_CKPT = "zero/fsdp_checkpoint.py"  # a lesson script that is not in tools/examples.tsv
 TORCH_DISTRIBUTED = [DDP, DS, TP, PP]  # --backend: torch.distributed's (Horovod picks its own, and has no flag)
 COMMON = TORCH_DISTRIBUTED + [HVD_TORCH, HVD_TF, HVD_KERAS]  # the lessons on utils/parse_args.py's shared flags
 NOT_A_FOLDER = "/dev/null/x"  # below a file: nothing can be created there, even by root
@@ -92,7 +92,10 @@ OWN_ROWS = {  # the flags of the lessons' own parsers
 def rows_for(script):
     if script in (ZERO, FSDP_CKPT):
         return OWN_ROWS[script]
-    return COMMON_ROWS + (TORCH_ROWS if script in TORCH_DISTRIBUTED else []) + OWN_ROWS.get(script, [])
+    rows = COMMON_ROWS + (TORCH_ROWS if script in TORCH_DISTRIBUTED else []) + OWN_ROWS.get(script, [])
+    if script in (TP, PP):  # they keep no checkpoints: the flag itself is refused, before its path is looked at
+        rows = [(flags, "keep no checkpoints" if "--checkpoint-dir" in flags else words) for flags, words in rows]
+    return rows
 
 
 # One process per lesson runs its whole table: it executes the lesson's __main__ once per row and

@@ -8,19 +8,17 @@ from support import (
     HVD_KERAS,
     HVD_TF,
     HVD_TORCH,
+    QUICK,
     assert_each_rank_refused,
     assert_event_epochs,
     check,
     horovodrun,
-    made_once,
     metrics,
     mpiexec,
     python,
     run,
     summary,
 )
-
-QUICK = ["--epochs", "2", "--max-steps", "8", "--log-interval", "4"]
 
 
 def assert_trained_and_identical(log_dir, ranks=2):
@@ -53,15 +51,17 @@ def launch_named(name):
     return next(p.values for p in LAUNCHES if p.id == name)
 
 
+# How tools/launch.py names each LAUNCHES row's launcher.
+LAUNCH_NAMES = {"torch-horovodrun-gloo": "horovodrun", "torch-horovodrun-mpi": "horovodrun-mpi",
+                "torch-mpiexec": "mpiexec", "tf-horovodrun-gloo": "horovodrun", "tf-mpiexec": "mpiexec",
+                "keras-horovodrun-gloo": "horovodrun"}
+
+
 @pytest.fixture(scope="module")
-def quick_run(tmp_path_factory):
-    """A 2-rank run of FLAGS per (script, launcher), made once: the test that checks it and the resume
-    test that compares against it read the same files."""
-    def make(name, log_dir):
-        script, launch, _ = launch_named(name)
-        check(run(launch(script, *FLAGS[script], "--log-dir", log_dir), timeout=300))
-        return log_dir
-    return made_once(tmp_path_factory, make)
+def quick_run(shared_run):
+    """A 2-rank run of FLAGS per (script, launcher), made once: the test that checks it, the resume test that
+    compares against it and tests/test_lift_out.py read the same files."""
+    return lambda name: shared_run(launch_named(name)[0], LAUNCH_NAMES[name], FLAGS[launch_named(name)[0]])[0]
 
 
 @pytest.mark.parametrize("script,launch,launcher", LAUNCHES)

@@ -11,15 +11,26 @@ import shutil
 
 import pytest
 
-from support import BIN, DDP, DS, HVD_KERAS, HVD_TF, HVD_TORCH, ROOT, check, run, without_timing
+import support
+from support import BIN, DDP, DS, HVD_KERAS, HVD_TF, HVD_TORCH, PP, ROOT, TP, ZERO, check, run, without_timing
 from tools.launch import launch_command
 
 # Each lesson that lifts out, and the launchers its copy is run under (the first: also compared with
 # the lesson run in the course, digit for digit).
 LAUNCHED_BY = {ROOT / DDP: ("torchrun", "mpiexec"), ROOT / HVD_TORCH: ("horovodrun", "mpiexec"),
                ROOT / HVD_TF: ("horovodrun", "mpiexec"), ROOT / HVD_KERAS: ("horovodrun", "mpiexec"),
-               ROOT / DS: ("torchrun", "mpiexec")}
-LIFTS_OUT = list(LAUNCHED_BY)
+               ROOT / DS: ("torchrun", "mpiexec"), ROOT / TP: ("torchrun", "mpiexec"),
+               ROOT / PP: ("torchrun", "mpiexec")}
+# The flags of each lesson's 2-rank run in its own tests (support.QUICK): the course's run under the first launcher
+# is that same run (conftest.py's shared_run), and the copy runs with the same flags.
+QUICK = support.QUICK
+FLAGS = {ROOT / DS: [*QUICK, "--zero-stage", "3"], ROOT / HVD_TF: [*QUICK, "--dropout", "0"]}
+SPLIT = {ROOT / TP, ROOT / PP}  # model parallel: each rank holds other weights, and no checkpoint
+# zero/: a few Adam steps and a JSON file, no epochs: each variant under both launchers (the first: also compared
+# with the course's run), and FSDP2's sharded checkpoint saved at 2 ranks, loaded by one process.
+ZERO_RUNS = [(ROOT / ZERO, "torchrun", "ds3"), (ROOT / ZERO, "mpiexec", "torch-fsdp2"),
+             (ROOT / support.FSDP_CKPT, "torchrun", None), (ROOT / support.FSDP_CKPT, "mpiexec", None)]
+LIFTS_OUT = list(LAUNCHED_BY) + [ROOT / ZERO, ROOT / support.FSDP_CKPT]
 RUNS = [(lesson, launcher) for lesson, launchers in LAUNCHED_BY.items() for launcher in launchers]
 HELPER_LINES = 400  # the helpers a lifted lesson takes along, all together
 OPTIONAL = "plumbing"  # the module a lesson imports in try/except ImportError: not taken along
@@ -42,9 +53,23 @@ def utils_imports(path):
     return found
 
 
+def chapter_modules(lesson):
+    """The modules of the lesson's own folder that it imports (model_parallel/common.py): part of the
+    chapter, taken along beside it, not counted as helpers."""
+    chapter, found = lesson.parent.name, set()
+    for node in ast.walk(ast.parse(lesson.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module == chapter:  # from zero import census, flags
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(chapter + "."):
+            found.add(node.module.split(".")[1])  # from zero.flags import Checked
+    # (only files of the folder: deepspeed/ and horovod/ share their names with the libraries)
+    return sorted(path for path in (lesson.parent / f"{name}.py" for name in found) if path.is_file())
+
+
 def helpers_of(lesson):
-    """utils/__init__.py and every utils module the lesson needs, directly or through another helper."""
-    needed, todo = set(), utils_imports(lesson)
+    """utils/__init__.py and every utils module the lesson needs, directly, through its chapter's
+    modules or through another helper."""
+    needed, todo = set(), set().union(*map(utils_imports, [lesson, *chapter_modules(lesson)]))
     while todo:
         name = todo.pop()
         if name not in needed:
@@ -73,6 +98,9 @@ def lifted(tmp_path_factory):
         shutil.copy(lesson, folder / "main.py")
         for config in lesson.parent.glob("*.json"):
             shutil.copy(config, folder / config.name)
+        for module in chapter_modules(lesson):
+            (folder / lesson.parent.name).mkdir(exist_ok=True)
+            shutil.copy(module, folder / lesson.parent.name / module.name)
         (folder / "utils").mkdir()
         for helper in helpers_of(lesson):
             shutil.copy(helper, folder / "utils" / helper.name)
@@ -81,24 +109,49 @@ def lifted(tmp_path_factory):
 
 
 @pytest.mark.parametrize("lesson,launcher", RUNS, ids=[f"{p.relative_to(ROOT).with_suffix('')}-{n}" for p, n in RUNS])
-def test_a_copy_of_the_lesson_runs_alone_under_each_launcher(lifted, lesson, launcher, tmp_path):
-    folder = lifted[lesson]
-    flags = ["--epochs", "2", "--max-steps", "15", "--num-threads", "1", "--log-dir", str(tmp_path / "run")]
+def test_a_copy_of_the_lesson_runs_alone_under_each_launcher(lifted, shared_run, lesson, launcher, tmp_path):
+    folder, flags = lifted[lesson], FLAGS.get(lesson, QUICK)
     # cwd: the copy, far from the repository (whose utils/ it must not reach)
-    check(run(launch_command(folder / "main.py", 2, launcher, flags), timeout=240, cwd=folder))
+    check(run(launch_command(folder / "main.py", 2, launcher, [*flags, "--log-dir", tmp_path / "run"]), timeout=240,
+              cwd=folder))
     history = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [m["epoch"] for m in history] == [1, 2] and history[1]["train_loss"] < history[0]["train_loss"]
-    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    checksums = summary["param_checksums"]
+
+    def checksums_of(run_dir):  # every rank's weights (model parallel: the whole model, gathered)
+        summary = json.loads((run_dir / "summary.json").read_text())
+        return summary["param_checksums"] if lesson not in SPLIT else [summary["weights_checksum"]] * 2
+    checksums = checksums_of(tmp_path / "run")
     assert len(checksums) == 2 and checksums[0] == checksums[1], checksums  # both ranks, the same weights
-    if lesson != ROOT / HVD_KERAS:  # (model.fit's lesson writes none)
+    if lesson not in SPLIT | {ROOT / HVD_KERAS}:  # (model.fit's lesson writes none)
         assert list((tmp_path / "run" / "checkpoints").iterdir())  # checkpoint.pt, or TensorFlow's ckpt-2.*
     assert not list((tmp_path / "run").glob("events.out.tfevents.*"))  # no TensorBoard: plumbing stayed home
     if launcher == LAUNCHED_BY[lesson][0]:  # the same training as the lesson in the course, digit for digit
-        check(run(launch_command(lesson, 2, launcher, [*flags[:-1], tmp_path / "course"]), timeout=240))
-        course = [json.loads(line) for line in (tmp_path / "course" / "metrics.jsonl").read_text().splitlines()]
+        course_dir, _ = shared_run(lesson, launcher, flags)
+        course = [json.loads(line) for line in (course_dir / "metrics.jsonl").read_text().splitlines()]
         assert without_timing(history) == without_timing(course)
-        assert json.loads((tmp_path / "course" / "summary.json").read_text())["param_checksums"] == checksums
+        assert checksums_of(course_dir) == checksums
+
+
+@pytest.mark.parametrize("lesson,launcher,variant", ZERO_RUNS,
+                         ids=[f"{p.relative_to(ROOT).with_suffix('')}-{n}" for p, n, _ in ZERO_RUNS])
+def test_a_copy_of_a_zero_script_runs_alone(lifted, lesson, launcher, variant, tmp_path):
+    folder, out = lifted[lesson], tmp_path / "run.json"
+    if variant:  # zero/main.py: one variant, a few steps of a small MLP
+        flags = ["--variant", variant, "--hidden", "64", "--layers", "1", "--steps", "3", "--json", str(out)]
+    else:  # zero/fsdp_checkpoint.py: saves at 2 ranks ...
+        flags = ["--checkpoint-dir", str(tmp_path / "ckpt"), "--hidden", "64", "--json", str(out)]
+    check(run(launch_command(folder / "main.py", 2, launcher, flags), timeout=240, cwd=folder))
+    result = json.loads(out.read_text())
+    if variant:
+        assert len(result["losses"]) == 3 and [r["rank"] for r in result["per_rank"]] == [0, 1], result
+        if launcher == "torchrun":  # the same steps as the lesson in the course, digit for digit
+            check(run(launch_command(lesson, 2, launcher, [*flags[:-1], tmp_path / "course.json"]), timeout=240))
+            assert json.loads((tmp_path / "course.json").read_text())["losses"] == result["losses"]
+    else:  # ... and one process of the copy goes on from the shards both ranks wrote
+        check(run([str(BIN / "python"), "main.py", *flags[:-1], str(tmp_path / "resumed.json"), "--resume"],
+                  timeout=240, cwd=folder))
+        resumed = json.loads((tmp_path / "resumed.json").read_text())
+        assert resumed["written_by"] == 2 and resumed["loaded_checksum"] == result["saved_checksum"], resumed
 
 
 @pytest.mark.parametrize("lesson", LIFTS_OUT, ids=lambda p: p.relative_to(ROOT).as_posix())
@@ -109,11 +162,12 @@ def test_a_copy_refuses_a_bad_flag_in_one_line(lifted, lesson):
         "main.py: error: argument --batch-size: must be a positive integer, got 0 (see main.py --help)"]
 
 
-def test_the_deepspeed_lesson_reads_the_launchers_as_the_ddp_lesson_does():
-    """[1] is written out in both lessons (each lifts out alone): the same table, the same reading."""
+@pytest.mark.parametrize("lesson", [ROOT / DS, ROOT / TP, ROOT / PP], ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_each_torch_lesson_reads_the_launchers_as_the_ddp_lesson_does(lesson):
+    """[1] is written out in every torch lesson (each lifts out alone): the same table, the same reading."""
     def step_1(path):
         tree = ast.parse(path.read_text())
         return [ast.unparse(node) for node in tree.body if isinstance(node, (ast.Assign, ast.FunctionDef))
                 and getattr(node, "name", None) == "who_am_i" or isinstance(node, ast.Assign)
                 and any(getattr(t, "id", None) == "LAUNCHERS" for t in node.targets)]
-    assert len(step_1(ROOT / DDP)) == 2 and step_1(ROOT / DS) == step_1(ROOT / DDP)
+    assert len(step_1(ROOT / DDP)) == 2 and step_1(lesson) == step_1(ROOT / DDP)

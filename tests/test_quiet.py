@@ -79,8 +79,7 @@ def test_horovodrun_mpi_keeps_lines_whole(tmp_path):
 UNIT = """
 import logging, os, sys, warnings
 sys.path.append(os.getcwd())
-import utils
-utils.course_output()
+from utils import plumbing
 import torch, torch.distributed as dist
 dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[1], rank=0, world_size=1)
 x = torch.ones(2)

@@ -1,6 +1,6 @@
 """The style written down once (pyproject.toml): ruff finds nothing, lessons (and the diagnose/ scripts) keep to
-100 columns, and the lessons' first lines keep their order (the repo root appended to sys.path, then
-utils.course_output(), then the frameworks)."""
+100 columns, and the lessons' first lines keep their order (the repo root appended to sys.path, then the
+course plumbing's import, then the frameworks)."""
 import re
 import subprocess
 import sys
@@ -15,7 +15,7 @@ LESSONS = ["DDP/main.py", "horovod/pytorch/main.py", "horovod/tensorflow/main.py
            "zero/report.py", "zero/fsdp_checkpoint.py", "model_parallel/common.py", "model_parallel/tensor_parallel.py",
            "model_parallel/pipeline_parallel.py"]
 # The diagnose/ chapter's scripts are read beside its README like a lesson: 100 columns too. Only overlap.py runs
-# as a lesson does (utils.course_output(), then torch at the top); the others import torch inside functions.
+# as a lesson does (the plumbing's import, then torch at the top); the others import torch inside functions.
 DIAGNOSE = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "diagnose").glob("*.py"))
 UTILS = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "utils").glob("*.py"))
 FRAMEWORKS = ("torch", "tensorflow", "tf_keras", "keras", "horovod", "deepspeed")
@@ -49,10 +49,10 @@ def test_tools_and_tests_keep_to_120_columns(path):
     assert line_length(path) == 120, path
 
 
-@pytest.mark.parametrize("path", [p for p in LESSONS if p.endswith(("main.py", "_parallel.py"))]
+@pytest.mark.parametrize("path", [p for p in LESSONS if p.endswith(("main.py", "_parallel.py", "_checkpoint.py"))]
                          + ["diagnose/overlap.py"])
-def test_course_output_comes_before_the_frameworks(path):
-    """Import sorting must not move these: the sys.path line makes `utils` importable, and course_output()
+def test_the_plumbing_comes_before_the_frameworks(path):
+    """Import sorting must not move these: the sys.path line makes `utils` importable, and the plumbing
     must run before a framework import can fail or print."""
     lines = (ROOT / path).read_text().splitlines()
 
@@ -69,6 +69,6 @@ def test_course_output_comes_before_the_frameworks(path):
         assert first(r"sys\.path\.append\(") < plumbing < framework, \
             f"{path}: sys.path.append, the optional plumbing import, then the frameworks"
         return
-    course_output = first(r"utils\.course_output\(\)(  # course plumbing: .*)?$")  # the comment says what it is
-    assert first(r"sys\.path\.append\(") < first(r"import utils$") < course_output < framework, \
-        f"{path}: sys.path.append, import utils, utils.course_output(), then the frameworks"
+    plumbing = first(r"from utils import plumbing  # noqa: F401  \(course plumbing: ")  # the comment says what
+    assert first(r"sys\.path\.append\(") < plumbing < framework, \
+        f"{path}: sys.path.append, the plumbing's import (it filters the noise), then the frameworks"

@@ -9,9 +9,9 @@ from pathlib import Path
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # the repo root, after site-packages
 # Before the frameworks: a missing one is then one line that says how to get it, and the libraries'
 # lines that teach nothing are filtered (utils/quiet.py names each; COURSE_VERBOSE=1 shows them).
-import utils
+from utils import plumbing  # noqa: F401  (course plumbing: importing it filters the noise)
 
-utils.course_output()
+# isort: split
 
 FIX_SETUP = "run `make setup`"
 rows = []  # (component, status, details, fix or None); status "ok", "MISSING", or "info"/"absent" (not needed)

@@ -33,7 +33,9 @@ class Parser(parse_args.Parser):
 
 def resume_check(args):
     """Before the lesson starts: --resume with no checkpoint is one line, exit 2; --resume auto
-    with none says so (rank 0) and the lesson starts at epoch 1."""
+    with none says so (rank 0) and the lesson starts at epoch 1. (zero/: its own checks.)"""
+    if not getattr(args, "resume", False) or not hasattr(args, "log_dir"):
+        return
     folder = checkpoint_folder(args.checkpoint_dir, args.log_dir)
     if args.resume is True and not checkpoint_exists(args):
         fail(f"--resume: no checkpoint at {folder}")
@@ -61,8 +63,10 @@ def resuming(args):
 def finished_already(args):
     """True for --resume auto on a run that has done all its --epochs (a restarted job that had
     finished): rank 0 says so; the lesson then returns before touching any file."""
+    if getattr(args, "resume", False) != "auto":  # (zero/ has no --resume auto)
+        return False
     done = epochs_done(args.log_dir)
-    if args.resume != "auto" or not checkpoint_exists(args) or done < args.epochs:
+    if not checkpoint_exists(args) or done < args.epochs:
         return False
     if discover().rank == 0:
         print(f"--resume auto: {args.log_dir} has finished {done} of {args.epochs} epoch(s) "
@@ -169,12 +173,12 @@ def parse(parser, argv=None):
     check_paths(parser, args)
     if getattr(args, "log_dir", "") is None:  # the lesson names a new folder under runs/
         note_default_log_dir()
-    if args.resume and args.checkpoint_dir is None and args.log_dir is None:
+    if getattr(args, "resume", False) and args.checkpoint_dir is None and args.log_dir is None:
         parser.error("--resume needs --checkpoint-dir (or the --log-dir of the run to continue)")
     # --backend is torch.distributed's: checked once here, before any process group, and again for
     # the device each rank picks (utils/dist.py's backend_problem)
-    backend = getattr(args, "backend", "auto")
-    if "torch" in sys.modules and (problem := backend_problem(backend, args.device)):
+    backend, device = getattr(args, "backend", "auto"), getattr(args, "device", "cpu")
+    if "torch" in sys.modules and (problem := backend_problem(backend, device)):
         parser.error(problem)
     if "torch" in sys.modules and (problem := device_problem(getattr(args, "device", "auto"))):
         parser.error(problem)

@@ -29,6 +29,10 @@ def install(args):
     """Before the lesson's main(args): the flags and the JSON file checked; deepspeed.initialize
     wrapped."""
     from utils.dist import default_extensions_dir, group_timeout
+    group_timeout(timedelta(seconds=args.dist_timeout))  # also the groups DeepSpeed makes itself
+    default_extensions_dir()
+    if not hasattr(args, "deepspeed_config"):  # zero/main.py: its config is in the file
+        return
     path = args.deepspeed_config
     try:
         with open(path) as f:
@@ -42,8 +46,6 @@ def install(args):
         fail("--offload needs ZeRO stage 1, 2 or 3 (add --zero-stage 2)")
     if args.load_universal and not args.resume:
         fail("--load-universal says what --resume loads: add --resume")
-    group_timeout(timedelta(seconds=args.dist_timeout))  # also the groups DeepSpeed makes itself
-    default_extensions_dir()
     initialize = deepspeed.initialize
 
     def checked_initialize(*a, config=None, **k):

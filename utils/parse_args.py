@@ -36,10 +36,10 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def get_parser(description, backend=True):
+def get_parser(description, backend=True, cls=Parser):
     """The flags every lesson shares. backend=False: no --backend (Horovod picks its own controller
     and collectives: an accepted flag that did nothing would mislead)."""
-    p = Parser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = cls(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     flag = p.add_argument_group("training").add_argument
     flag("--epochs", type=positive_int, default=2, help="training epochs")
     flag("--batch-size", type=positive_int, default=32, help="training batch size *per rank*")

@@ -84,11 +84,12 @@ def run_main(main, parser):
 
 
 def _before_main(args):
-    """Cores shared by more ranks than they have; deepspeed/main.py's config checked, and
-    deepspeed.initialize wrapped (utils/ds_guard.py)."""
+    """Cores shared by more ranks than they have; with DeepSpeed: --dist-timeout for the groups it
+    makes itself, its JIT ops cached outside the checkout, and deepspeed/main.py's config checked
+    and deepspeed.initialize wrapped (utils/ds_guard.py)."""
     from utils.dist import discover, warn_shared_cores
     warn_shared_cores(discover().local_world_size)
-    if "deepspeed" in sys.modules and hasattr(args, "deepspeed_config"):
+    if "deepspeed" in sys.modules:
         from utils import ds_guard
         ds_guard.install(args)
 

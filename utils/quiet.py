@@ -1,6 +1,7 @@
 """Quiet by default: the library lines that teach nothing are dropped before the frameworks load.
 
-`utils.course_output()` (each lesson calls it before importing its frameworks) calls `install()`.
+Importing `utils/plumbing.py` (each lesson does, before its frameworks, in an optional `try`)
+calls `install()`.
 It drops only the lines listed here, each from one library and for one reason; every other warning
 and log line is shown as before.
 

@@ -15,6 +15,7 @@ each underlying storage once (a flat buffer and its views are one storage) and s
 
 It also reads this process's resident memory (RSS) from /proc.
 """
+import gc
 import os
 import resource
 
@@ -70,6 +71,8 @@ def census(model, optimizer, adam):
     training loop calls (DeepSpeed's engine, DDP, the fully_shard model); optimizer: what it steps;
     adam: the torch Adam inside that owns the state. Each storage counts once (views of a flat
     buffer share one)."""
+    gc.collect()
+
     def key(t):
         return t.untyped_storage().data_ptr() if t.numel() else None
 
@@ -122,6 +125,8 @@ def census(model, optimizer, adam):
 
 
 def rss_bytes():
+    """This process's resident memory, after a garbage collection (what it holds, settled)."""
+    gc.collect()
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
@@ -163,3 +168,11 @@ def describe(result):
     lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in rows]
     return (f"MB held by each rank before the last optimizer step "
             f"(ZeRO formula for stage {result['stage']} in parentheses):\n" + "\n".join(lines))
+
+
+def peak_accelerator_mb():
+    """This process's peak GPU memory in MB (tensors, not the cache), or None without a GPU."""
+    for gpu in (torch.cuda, torch.xpu):
+        if gpu.is_available() and gpu.is_initialized():
+            return round(gpu.max_memory_allocated() / 2**20, 1)
+    return None

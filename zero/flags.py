@@ -1,7 +1,9 @@
-"""The flags of zero/main.py that decide what is trained, and their checks: zero/report.py takes the
-same flags and passes them on to every launch."""
-from utils.checks import check_paths
-from utils.parse_args import non_negative_int, positive_float, positive_int
+"""The flags of zero/main.py and their checks (zero/report.py takes the same model flags and passes
+them on to every launch); the checked parser of zero/fsdp_checkpoint.py too."""
+import argparse
+
+from utils import data
+from utils.parse_args import Parser, non_negative_int, positive_float, positive_int
 
 
 def model_flags(p):
@@ -20,11 +22,38 @@ def model_flags(p):
     return p
 
 
-def check(p, args):
-    """Bad input: one `error:` line and exit 2 (argparse's), on every rank, before any process group
-    exists."""
+def problems(args, ranks):
+    """What zero/main.py cannot train with these flags on `ranks` ranks."""
     if args.steps < 2:
-        p.error("--steps must be at least 2 (Adam's state exists only after the first step)")
+        yield "--steps must be at least 2 (Adam's state exists only after the first step)"
     if args.hidden < 16:
-        p.error("--hidden must be at least 16")
-    check_paths(p, args)  # --json: a file we can write, checked before anything starts
+        yield "--hidden must be at least 16"
+    if args.steps * args.batch_size * ranks > data.SHIPPED_TRAIN:
+        yield (f"--steps {args.steps} x --batch-size {args.batch_size} x {ranks} ranks needs more "
+               f"than the {data.SHIPPED_TRAIN:,} training digits")
+
+
+class Checked(Parser):
+    """A parser that also refuses what problems(args) yields: one line and exit 2 on every rank,
+    before any process group exists."""
+
+    def __init__(self, problems, **kwargs):
+        super().__init__(**kwargs)
+        self.problems = problems
+
+    def parse_known_args(self, args=None, namespace=None):
+        args, rest = super().parse_known_args(args, namespace)
+        for problem in self.problems(args):
+            self.error(problem)
+        return args, rest
+
+
+def parser(doc, ranks, variants):
+    p = Checked(lambda args: problems(args, ranks), description=doc,
+                formatter_class=argparse.RawDescriptionHelpFormatter)
+    model_flags(p).add_argument("--variant", choices=list(variants), default="ds3",
+                                help="what is partitioned, by whom (default ds3)")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda", "xpu"], default="auto",
+                   help="this rank's GPU where torch sees one (auto), or cpu")
+    p.add_argument("--json", help="rank 0 writes the losses and every rank's census here")
+    return p

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
-"""FSDP2's checkpoint, written by some number of ranks and continued by another:
-torch.distributed.checkpoint (DCP).
+"""FSDP2's checkpoint (torch.distributed.checkpoint, DCP), written by some number of ranks and
+continued by another: the next job may get another number of nodes.
 
     torchrun --nproc_per_node 2 zero/fsdp_checkpoint.py --checkpoint-dir runs/fsdp    # saves
     python zero/fsdp_checkpoint.py --checkpoint-dir runs/fsdp --resume                 # 1 rank
@@ -8,9 +8,7 @@ torch.distributed.checkpoint (DCP).
 
 Every rank writes only its own shards (a file per rank, and a .metadata file that says which slice
 of which tensor each file holds); on load every rank reads just the slices its new shards cover.
-That is why a job written at one world size can continue at another: the next job may get another
-number of nodes. The numbers [1]-[8] are the course's recipe (README.md, "The recipe");
-zero/README.md explains this script.
+[1]-[8]: the course's recipe (README.md); zero/README.md explains this script.
 """
 import argparse
 import hashlib
@@ -21,10 +19,10 @@ from itertools import islice
 from pathlib import Path
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # the repo root *after* site-packages
-import utils
-
-# Before torch: lines of the libraries that teach nothing are filtered (utils/quiet.py).
-utils.course_output()
+try:  # course plumbing, no step of the recipe (utils/plumbing.py): the libraries' noise filtered,
+    from utils import plumbing  # flags checked, every ending one line. A copy runs without it.
+except ImportError:
+    plumbing = None
 
 import torch
 import torch.distributed as dist
@@ -42,14 +40,37 @@ from torch.distributed.fsdp import fully_shard
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-from utils import data, failures, log
-from utils import dist as course  # which variables each launcher sets
-from utils.checks import Parser, check_paths
+from utils import data, log  # the course's helpers: MNIST, and rank 0's lines and files
 from utils.parse_args import non_negative_int, positive_float, positive_int
+from zero.flags import Checked  # a parser that also refuses --resume with nothing to resume
+
+# What each launcher sets: rank, local rank, world size, ranks on this node.
+LAUNCHERS = {"torchrun": ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"),
+             "mpiexec (PALS)": ("PALS_RANKID", "PALS_LOCAL_RANKID", "PMI_SIZE", "PALS_LOCAL_SIZE"),
+             "mpirun (Open MPI)": ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
+                                   "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"),
+             "mpiexec": ("PMI_RANK", "MPI_LOCALRANKID", "PMI_SIZE", "MPI_LOCALNRANKS"),
+             "srun": ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "SLURM_NTASKS_PER_NODE")}
+
+
+def who_am_i():
+    e = os.environ
+    if "SLURM_STEP_ID" in e and "MPI_LOCALRANKID" not in e:  # srun (its PMI_RANK has no local rank)
+        e = {k: v for k, v in e.items() if not k.startswith("PMI_")}
+    for name, (rank, local, size, local_size) in LAUNCHERS.items():
+        if rank in e and size in e:
+            local_sizes = e.get(local_size) or e.get("SLURM_TASKS_PER_NODE", e[size])
+            return (int(e[rank]), int(e.get(local, 0)), int(e[size]),
+                    int(local_sizes.split("(")[0].split(",")[0]), name)
+    return 0, 0, 1, 1, "python"
+
 
 
 def flags():
-    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    def problems(args):
+        if args.resume and not (Path(args.checkpoint_dir) / "latest").is_file():
+            yield f"--resume: no checkpoint in {args.checkpoint_dir} (no 'latest' file)"
+    p = Checked(problems, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint-dir", required=True, help="where the checkpoints go")
     p.add_argument("--resume", action="store_true", help="continue from --checkpoint-dir")
     p.add_argument("--steps", type=positive_int, default=3, help="Adam steps in this run")
@@ -57,8 +78,7 @@ def flags():
     p.add_argument("--batch-size", type=positive_int, default=32, help="digits per rank and step")
     p.add_argument("--lr", type=positive_float, default=1e-3, help="Adam's learning rate")
     p.add_argument("--seed", type=non_negative_int, default=0)
-    p.add_argument("--dist-timeout", type=positive_int, default=300,
-                   help="seconds before a collective gives up")
+    p.add_argument("--dist-timeout", type=positive_int, default=300, help="seconds to wait")
     p.add_argument("--json", help="rank 0 writes the checksums and losses here")
     return p
 
@@ -87,26 +107,26 @@ def checksum(model, optimizer):
     return h.hexdigest()[:16]
 
 
-def main():
-    parser = flags()
-    args = parser.parse_args()
-    check_paths(parser, args)  # bad input: one line, exit 2, on every rank, before any group
+def main(args):
     folder = Path(args.checkpoint_dir)
-    if args.resume and not (folder / "latest").is_file():
-        parser.error(f"--resume: no checkpoint in {folder} (no 'latest' file)")
-
-    # [1] Who am I? The launcher's variables give rank, local rank and world size (utils/dist.py).
-    env = course.export_rendezvous(course.discover())  # + MASTER_ADDR/PORT, where the ranks meet
-    if not env.distributed:  # fully_shard needs a process group, even of one
-        os.environ["MASTER_PORT"] = str(course.free_port())
-    log.configure(env.rank)
-    rank, n = env.rank, env.world_size
+    # [1] Who am I, and where do the ranks meet? As in DDP/main.py.
+    rank, local_rank, n, local_size, launcher = who_am_i()
+    if n > 1 and "MASTER_ADDR" not in os.environ and local_size < n:
+        from mpi4py import MPI
+        os.environ["MASTER_ADDR"] = MPI.COMM_WORLD.bcast(os.uname().nodename, root=0)
+    job = (os.environ.get("SLURM_JOB_ID") or os.environ.get("PBS_JOBID") or "0").split(".")[0]
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    # two jobs, two ports; one process: any free port (fully_shard wants a group, even of one)
+    os.environ.setdefault("MASTER_PORT", str(29500 + int(job) % 1000) if n > 1 else "0")
+    log.configure(rank)
     # [2] Pin this rank: on GPUs cuda:LOCAL_RANK; here the CPU, each rank its share of the cores.
-    torch.set_num_threads(course.threads_per_rank(None, env.local_world_size))
-    # [1] Start the process group (gloo between CPUs).
-    dist.init_process_group("gloo", timeout=timedelta(seconds=args.dist_timeout))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    torch.set_num_threads(cores if cores < os.cpu_count() else max(1, cores // local_size))
+    # [1] Join the process group (gloo between CPUs).
+    dist.init_process_group("gloo", rank=rank, world_size=n,
+                            timeout=timedelta(seconds=args.dist_timeout))
 
-    log.info(f"FSDP2 + torch.distributed.checkpoint on {n} rank(s) via {env.launcher}; "
+    log.info(f"FSDP2 + torch.distributed.checkpoint on {n} rank(s) via {launcher}; "
              f"MLP 784-{args.hidden}x2-10; {args.steps} Adam steps of {args.batch_size} digits "
              f"per rank")
     # [5] Wrap: every Linear a unit of its own, each rank holding 1/n of every parameter, and Adam
@@ -176,4 +196,5 @@ def main():
 
 
 if __name__ == "__main__":
-    failures.run_main(main)  # course plumbing: each way it can end is one line (utils/failures.py)
+    parser = flags()
+    plumbing.run_main(main, parser) if plumbing else main(parser.parse_args())

@@ -1,8 +1,7 @@
 #!/usr/bin/env python
-"""ZeRO on MNIST: one wide MLP trained for a few Adam steps by plain data parallelism, by
-DeepSpeed's ZeRO stages 1-3 (with or without CPU offload) and by PyTorch's own
-ZeroRedundancyOptimizer and FSDP2 fully_shard, and what each rank then holds, counted in bytes
-(zero/census.py).
+"""ZeRO on MNIST: a wide MLP trained a few Adam steps by plain data parallelism, by DeepSpeed's ZeRO
+stages 1-3 (with or without CPU offload) and by PyTorch's ZeroRedundancyOptimizer and FSDP2
+fully_shard, and what each rank then holds, counted in bytes (zero/census.py).
 
     torchrun --nproc_per_node 2 zero/main.py --variant ds3     # one variant on 2 ranks
     python zero/main.py --variant torch-fsdp2                  # one process (a group of one)
@@ -10,8 +9,6 @@ ZeroRedundancyOptimizer and FSDP2 fully_shard, and what each rank then holds, co
 
 [1]-[8]: the course's recipe (README.md); zero/README.md explains each line, and why [4] is missing.
 """
-import argparse
-import gc
 import os
 import sys
 import time
@@ -20,9 +17,10 @@ from itertools import islice
 from pathlib import Path
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # the repo root *after* site-packages
-import utils
-
-utils.course_output()  # course plumbing: a missing framework is one line; noise filtered
+try:  # course plumbing, no step of the recipe (utils/plumbing.py): the libraries' noise filtered,
+    from utils import plumbing  # flags checked, every ending one line. A copy runs without it.
+except ImportError:
+    plumbing = None
 
 import deepspeed  # the installed library: the repo root is last on sys.path
 import torch
@@ -38,12 +36,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-from utils import data, failures, log, watch
-from utils import dist as course  # which variables each launcher sets
-from utils.checks import Parser
-from utils.errors import fail
-from zero import census
-from zero.flags import check, model_flags  # what is trained, checked: shared with report.py
+from utils import data, log  # the course's helpers: MNIST, and rank 0's lines and files
+from zero import census, flags  # what each rank holds, in bytes; the flags, shared with report.py
 
 VARIANTS = {  # name: (label, ZeRO stage, optimizer state and step on the CPU)
     "ds0": ("DeepSpeed stage 0 (plain data parallel)", 0, False),
@@ -55,6 +49,25 @@ VARIANTS = {  # name: (label, ZeRO stage, optimizer state and step on the CPU)
     "torch-zero1": ("PyTorch DDP + ZeroRedundancyOptimizer", 1, False),
     "torch-fsdp2": ("PyTorch FSDP2 fully_shard", 3, False),
 }
+# What each launcher sets: rank, local rank, world size, ranks on this node.
+LAUNCHERS = {"torchrun": ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"),
+             "mpiexec (PALS)": ("PALS_RANKID", "PALS_LOCAL_RANKID", "PMI_SIZE", "PALS_LOCAL_SIZE"),
+             "mpirun (Open MPI)": ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
+                                   "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"),
+             "mpiexec": ("PMI_RANK", "MPI_LOCALRANKID", "PMI_SIZE", "MPI_LOCALNRANKS"),
+             "srun": ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "SLURM_NTASKS_PER_NODE")}
+
+
+def who_am_i():
+    e = os.environ
+    if "SLURM_STEP_ID" in e and "MPI_LOCALRANKID" not in e:  # srun (its PMI_RANK has no local rank)
+        e = {k: v for k, v in e.items() if not k.startswith("PMI_")}
+    for name, (rank, local, size, local_size) in LAUNCHERS.items():
+        if rank in e and size in e:
+            local_sizes = e.get(local_size) or e.get("SLURM_TASKS_PER_NODE", e[size])
+            return (int(e[rank]), int(e.get(local, 0)), int(e[size]),
+                    int(local_sizes.split("(")[0].split(",")[0]), name)
+    return 0, 0, 1, 1, "python"
 
 
 def mlp(hidden, layers):
@@ -65,61 +78,50 @@ def mlp(hidden, layers):
     return nn.Sequential(*blocks, nn.Linear(hidden, 10), nn.LogSoftmax(dim=1))
 
 
-def main():
-    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    model_flags(parser).add_argument("--variant", choices=list(VARIANTS), default="ds3",
-                                     help="what is partitioned, by whom (default ds3)")
-    parser.add_argument("--device", choices=["auto", "cpu", "cuda", "xpu"], default="auto",
-                        help="this rank's GPU where torch sees one (auto), or cpu")
-    parser.add_argument("--json", help="rank 0 writes the losses and every rank's census here")
-    args = parser.parse_args()
-    check(parser, args)  # bad input: one line, exit 2, on every rank, before any process group
+def main(args):
     label, stage, offload = VARIANTS[args.variant]
     deepspeed_run = args.variant.startswith("ds")
-
-    # [1] Who am I? The launcher's variables give rank, local rank and world size (utils/dist.py).
-    env = course.export_rendezvous(course.discover())  # + MASTER_ADDR/PORT, where the ranks meet
-    if not env.distributed:  # DeepSpeed, ZeroRedundancyOptimizer and fully_shard need a group
-        os.environ["MASTER_PORT"] = str(course.free_port())
-    log.configure(env.rank)
-    rank, n = env.rank, env.world_size
-    if args.steps * args.batch_size * n > data.SHIPPED_TRAIN:  # bad input too (n is known by now)
-        fail(f"--steps {args.steps} x --batch-size {args.batch_size} x {n} ranks needs more "
-                 f"than the {data.SHIPPED_TRAIN:,} training digits")
-    # [2] Pin this rank: --device cuda/xpu: GPU number LOCAL_RANK; cpu: a share of the cores
-    device = course.pick_device(args.device, env.local_rank)
-    if device != "cpu":
+    # [1] Who am I, and where do the ranks meet? As in DDP/main.py.
+    rank, local_rank, n, local_size, launcher = who_am_i()
+    if n > 1 and "MASTER_ADDR" not in os.environ and local_size < n:
+        from mpi4py import MPI
+        os.environ["MASTER_ADDR"] = MPI.COMM_WORLD.bcast(os.uname().nodename, root=0)
+    job = (os.environ.get("SLURM_JOB_ID") or os.environ.get("PBS_JOBID") or "0").split(".")[0]
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    # two jobs, two ports; one process: any free port (ZeRO and fully_shard want a group of one)
+    os.environ.setdefault("MASTER_PORT", str(29500 + int(job) % 1000) if n > 1 else "0")
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(local_rank), WORLD_SIZE=str(n))
+    log.configure(rank)
+    # [2] Pin this rank to one device, as in DDP/main.py (and DeepSpeed's accelerator layer)
+    gpu = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+    gpu = gpu.type if gpu and gpu.type in ("cuda", "xpu") and args.device != "cpu" else None
+    device = f"{gpu}:{local_rank % torch.accelerator.device_count()}" if gpu else "cpu"
+    if gpu:
         torch.accelerator.set_device_index(device)  # DeepSpeed's engine and fully_shard follow it
     elif deepspeed_run:  # on a GPU node too: DeepSpeed's engine would move the model to the GPU
         set_accelerator(CPU_Accelerator())
-    torch.set_num_threads(course.threads_per_rank(None, env.local_world_size))
-    backend = course.pick_backend("auto", device)  # [1] the group: gloo, or nccl/xccl (GPUs) ...
-    timeout = timedelta(seconds=args.dist_timeout)
-    course.group_timeout(timeout)  # also for the groups DeepSpeed makes itself
-    if deepspeed_run:
-        course.default_extensions_dir()  # where the JIT-built cpu_adam op (offload) is cached
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # inference only: no build
-        deepspeed.init_distributed(backend, auto_mpi_discovery=False, verbose=False,  # ... + its
-                                   timeout=timeout)  # comm layer
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    torch.set_num_threads(cores if cores < os.cpu_count() else max(1, cores // local_size))
+    backend = {"cuda": "nccl", "xpu": "xccl"}.get(gpu, "gloo")  # [1] the group: gloo, nccl or xccl
+    wait = timedelta(seconds=args.dist_timeout)
+    if deepspeed_run:  # ... through DeepSpeed's comm layer (no MPI discovery: variables are set)
+        deepspeed.init_distributed(backend, auto_mpi_discovery=False, verbose=False, timeout=wait)
     else:
-        dist.init_process_group(backend, timeout=timeout)
-
+        dist.init_process_group(backend, rank=rank, world_size=n, timeout=wait)
     mnist = data.load_shipped()  # [3] shard by *global* rank: the same seeded shuffle, 1/n each
     train_set = TensorDataset(torch.from_numpy(data.normalized(mnist.x_train).reshape(-1, 784)),
                               torch.from_numpy(mnist.y_train))
     sampler = DistributedSampler(train_set, num_replicas=n, rank=rank, seed=args.seed)
     loader = DataLoader(train_set, batch_size=args.batch_size, drop_last=True, sampler=sampler)
     batches = [(x.to(device), y.to(device)) for x, y in islice(loader, args.steps)]  # moved once
-    gc.collect()
     base_rss = census.rss_bytes()
-
     torch.manual_seed(args.seed)  # the same initial weights on every rank ...
     model = mlp(args.hidden, args.layers).to(device)
     psi = sum(p.numel() for p in model.parameters())
-    log.info(f"{args.variant}: {label} on {n} rank(s) via {env.launcher}; "
-             f"MLP 784-{args.hidden}x{args.layers + 1}-10, {psi:,} parameters; "
-             f"{args.steps} Adam steps of {args.batch_size} digits per rank")
-
+    log.info(f"{args.variant}: {label} on {n} rank(s) via {launcher}; MLP 784-{args.hidden}x"
+             f"{args.layers + 1}-10, {psi:,} parameters; {args.steps} Adam steps of "
+             f"{args.batch_size} digits per rank")
     # [5] wrap the model and the optimizer; each starts from rank 0's weights.
     if deepspeed_run:
         # stage 0: nothing partitioned; 1: Adam's state; 2: + gradients; 3: + parameters
@@ -157,9 +159,7 @@ def main():
                 fully_shard(layer, mesh=mesh)
         fully_shard(model, mesh=mesh)  # parameters now DTensors: each rank holds 1/N of each
         optimizer = adam = torch.optim.Adam(model.parameters(), lr=args.lr)  # state: its shards
-    gc.collect()  # then: memory before training; the peak from here on
-    setup_rss, peak_reset = census.rss_bytes(), census.reset_peak_rss()
-
+    setup_rss, peak_reset = census.rss_bytes(), census.reset_peak_rss()  # the peak from here on
     losses, start = [], time.perf_counter()
     for step, (x, y) in enumerate(batches, 1):
         loss = F.nll_loss(model(x), y)  # ZeRO-3/fully_shard: each layer all-gathered, used, freed
@@ -168,12 +168,9 @@ def main():
         else:  # [6] averaged in backward: DDP all-reduces its buckets (torch-zero1), fully_shard
             loss.backward()  # reduce-scatters each layer's gradient into this rank's shard
         if step == len(batches):  # gradients held now, Adam's state since step 1: count bytes
-            gc.collect()
             held = census.census(model, optimizer, adam)
-        if deepspeed_run:
-            # stage 0: every rank updates every weight; 1-2: each its slice, then an all-gather
-            # refills every full copy; 3: each rank updates and keeps only its slice
-            model.step()
+        if deepspeed_run:  # stage 0: every rank updates every weight; 1-2: each its slice, then an
+            model.step()  # all-gather refills every full copy; 3: each updates and keeps its slice
         else:
             optimizer.step()  # ZeroRedundancyOptimizer: each rank its share, then broadcasts it
             optimizer.zero_grad(set_to_none=True)
@@ -184,11 +181,13 @@ def main():
     elapsed = time.perf_counter() - start
 
     held.update(rank=rank, peak_rss=census.peak_rss_bytes(), base_rss=base_rss, setup_rss=setup_rss,
-                peak_is_training_only=peak_reset, peak_gpu_mb=watch.peak_accelerator_mb())
+                peak_is_training_only=peak_reset, peak_gpu_mb=census.peak_accelerator_mb())
+    per_rank = [None] * n
+    dist.all_gather_object(per_rank, held)  # every rank's census, for rank 0's table
     result = dict(variant=args.variant, label=label, stage=stage, offload=offload, ranks=n, psi=psi,
                   hidden=args.hidden, layers=args.layers, batch_size=args.batch_size, device=device,
                   backend=backend, steps=args.steps, losses=losses, train_time_s=elapsed,
-                  per_rank=course.gather_object(held), formula=census.formula(stage, psi, n))
+                  per_rank=per_rank, formula=census.formula(stage, psi, n))
     log.info(census.describe(result))
     if rank == 0 and args.json:  # [8] one writer: rank 0 writes the file (atomically)
         log.write_json(args.json, result)
@@ -197,4 +196,5 @@ def main():
 
 
 if __name__ == "__main__":
-    failures.run_main(main)  # course plumbing: each way it can end is one line (utils/failures.py)
+    parser = flags.parser(__doc__, ranks=who_am_i()[2], variants=VARIANTS)  # checked for n ranks
+    plumbing.run_main(main, parser) if plumbing else main(parser.parse_args())

@@ -23,10 +23,11 @@ from pathlib import Path
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # the repo root, after site-packages
 from tools.launch import launch_command
+from utils.checks import check_paths
 from utils.errors import fail
 from utils.failures import run_main
 from zero.census import KINDS, NAMES, mb
-from zero.flags import check, model_flags
+from zero.flags import model_flags, problems
 from zero.main import VARIANTS
 
 MODEL_FLAGS = ("hidden", "layers", "steps", "batch_size", "lr", "seed", "dist_timeout")
@@ -111,9 +112,11 @@ def main():
     p.add_argument("--explain", action="store_true",
                    help="list the largest tensors of rank 0 behind each sum")
     args = p.parse_args()
-    check(p, args)
     if min(args.ranks) < 1 or args.timeout < 1:
         p.error("--ranks and --timeout must be at least 1")
+    for problem in problems(args, max(args.ranks)):
+        p.error(problem)
+    check_paths(p, args)  # --json: a file we can write, checked before anything starts
 
     results = []
     with tempfile.TemporaryDirectory() as tmp:
