@@ -28,7 +28,7 @@ from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-from model_parallel import common  # the MLP, its flags, and the counters behind summary.json
+from model_parallel import common, counters  # the MLP and its flags; what summary.json reports
 from utils import data, log  # the course's helpers: MNIST, and rank 0's lines and run files
 
 FRAMEWORK = "pytorch-pipeline-parallel"
@@ -162,7 +162,7 @@ def main(args):
     # [5] Split the model: this rank keeps its stage's layers (all built the same seeded model, so
     #     the stages fit together as rank 0's would). Nothing to broadcast: each lives on one rank.
     part = common.stage_layers(model, rank, stages)
-    stage = common.TimedStage(part, rank, stages, torch.device(device)) if world_size > 1 else None
+    stage = counters.TimedStage(part, rank, stages, torch.device(device)) if stages > 1 else None
     schedule = SCHEDULES[args.schedule](stage, k, loss_fn=F.cross_entropy) if stage else None
     # [4] The LR is not scaled: one batch of --batch-size per step, like one process (no warmup)
     optimizer = torch.optim.SGD(part.parameters(), lr=args.lr, momentum=args.momentum)
@@ -170,13 +170,13 @@ def main(args):
                                 local_world_size=local_size, launcher=launcher, device=device,
                                 backend=backend, num_threads=threads, log_dir=log_dir[0],
                                 master_addr=os.environ["MASTER_ADDR"]), FRAMEWORK)
-    wire, timing = common.WireBytes(), []
+    wire, timing = counters.WireBytes(), []
     for epoch in range(1, args.epochs + 1):
         loader.sampler.set_epoch(epoch)  # [3] a new shuffle each epoch, the same on every rank
         start = time.perf_counter()
         train = train_epoch(part, schedule, stage, optimizer, loader, epoch, steps, args, wire,
                             timing)
-        train_time = common.slowest(time.perf_counter() - start, device)
+        train_time = counters.slowest(time.perf_counter() - start, device)
         sums = torch.tensor(train + evaluate(part, test_loader, device, args.width),
                             dtype=torch.float64).to(device)
         if world_size > 1:  # [7] Metrics: only the last stage has them; it sends them to all
@@ -185,10 +185,10 @@ def main(args):
 
     # The summary: the whole model (stages gathered), what each stage holds, sent and waited for
     mine = {name: t.cpu() for name, t in part.state_dict().items()}
-    state = {name: t for each in common.gather(mine) for name, t in each.items()}
+    state = {name: t for each in counters.gather(mine) for name, t in each.items()}
     if args.save_model and rank == 0:  # [8] one writer: rank 0 saves the gathered full weights
         log.atomic_write(Path(log_dir[0]) / "model.pt", lambda f: torch.save(state, f), mode="wb")
-    run.summary({"weights_checksum": common.checksum(state), **common.pipeline_report(
+    run.summary({"weights_checksum": counters.checksum(state), **counters.pipeline_report(
         part, stage, state, timing, wire, k, args.schedule), "device": device,
         "world_size": world_size, "launcher": launcher, "framework": FRAMEWORK})
     dist.destroy_process_group() if world_size > 1 else None

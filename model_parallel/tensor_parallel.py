@@ -29,7 +29,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-from model_parallel import common  # the MLP, its flags, and the counters behind summary.json
+from model_parallel import common, counters  # the MLP and its flags; what summary.json reports
 from utils import data, log  # the course's helpers: MNIST, and rank 0's lines and run files
 
 FRAMEWORK = "pytorch-tensor-parallel"
@@ -169,28 +169,29 @@ def main(args):
                                 backend=backend, num_threads=threads, log_dir=log_dir[0],
                                 master_addr=os.environ["MASTER_ADDR"], scaled_lr=lr), FRAMEWORK)
 
-    wire, times = common.WireBytes(), []
+    wire, times = counters.WireBytes(), []
     for epoch in range(1, args.epochs + 1):
         loader.sampler.set_epoch(epoch)  # [3] a new shuffle each epoch, the same on every rank
         start = time.perf_counter()
         train = train_epoch(model, optimizer, loader, mesh, epoch, lr_of, steps, args, wire, times)
-        train_time = common.slowest(time.perf_counter() - start, device)
+        train_time = counters.slowest(time.perf_counter() - start, device)
         sums = torch.tensor(train + evaluate(model, test_loader), dtype=torch.float64).to(device)
         if args.dp > 1:  # [7] metrics summed over the dp ranks only (a copy's tp ranks: the same)
             dist.all_reduce(sums, op=dist.ReduceOp.SUM, group=mesh.get_group("dp"))
         run.epoch_end(epoch, sums.tolist(), optimizer.param_groups[0]["lr"],
                       time.perf_counter() - start, train_time)
-
     # The summary: the full weights (each DTensor's slices gathered), what each rank holds and sent
     state = {name: common.full_tensor(t) for name, t in model.state_dict().items()}
     if args.save_model and rank == 0:  # [8] one writer: rank 0 saves the gathered full weights
         log.atomic_write(Path(log_dir[0]) / "model.pt", lambda f: torch.save(
             {name: t.cpu() for name, t in state.items()}, f), mode="wb")
+    held = counters.tensor_parallel_report(model, state)  # what each rank holds
     run.summary({
-        "weights_checksum": common.checksum(state), **common.tensor_parallel_report(model, state),
-        "wire_bytes_per_step": wire.per_step(), "step_time_s": common.slowest(times, device),
-        "dp": args.dp, "tp": tp, "width": args.width, "batch_size": args.batch_size,
-        "device": device, "world_size": world_size, "launcher": launcher, "framework": FRAMEWORK})
+        "weights_checksum": counters.checksum(state), "wire_bytes_per_step": wire.per_step(),
+        **held,
+        "step_time_s": counters.slowest(times, device), "dp": args.dp, "tp": tp,
+        "width": args.width, "batch_size": args.batch_size, "device": device,
+        "world_size": world_size, "launcher": launcher, "framework": FRAMEWORK})
     dist.destroy_process_group() if world_size > 1 else None
 
 

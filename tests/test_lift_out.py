@@ -162,7 +162,8 @@ def test_a_copy_refuses_a_bad_flag_in_one_line(lifted, lesson):
         "main.py: error: argument --batch-size: must be a positive integer, got 0 (see main.py --help)"]
 
 
-@pytest.mark.parametrize("lesson", [ROOT / DS, ROOT / TP, ROOT / PP], ids=lambda p: p.relative_to(ROOT).as_posix())
+@pytest.mark.parametrize("lesson", [ROOT / DS, ROOT / TP, ROOT / PP, ROOT / ZERO, ROOT / support.FSDP_CKPT],
+                         ids=lambda p: p.relative_to(ROOT).as_posix())
 def test_each_torch_lesson_reads_the_launchers_as_the_ddp_lesson_does(lesson):
     """[1] is written out in every torch lesson (each lifts out alone): the same table, the same reading."""
     def step_1(path):

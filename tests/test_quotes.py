@@ -23,7 +23,7 @@ QUOTING = {
     "deepspeed/README.md": ["deepspeed/main.py"],
     "zero/README.md": ["zero/main.py"],
     "model_parallel/README.md": ["model_parallel/tensor_parallel.py", "model_parallel/pipeline_parallel.py",
-                                 "model_parallel/common.py"],
+                                 "model_parallel/common.py", "model_parallel/counters.py"],
     "README.md": ["DDP/main.py", "horovod/pytorch/main.py", "horovod/tensorflow/main.py",
                   "horovod/tensorflow/keras_main.py", "deepspeed/main.py", "zero/main.py",
                   "model_parallel/tensor_parallel.py", "model_parallel/pipeline_parallel.py"],
