@@ -33,12 +33,19 @@ demo: setup
 	@$(PY) tools/demo.py
 
 # PYTEST_ARGS: more pytest flags, e.g. PYTEST_ARGS="--durations=0" for every test's time.
+# Two passes. First the test files spread over WORKERS processes (one per core, at most 4: a test mostly
+# starts ranks and waits for them), each file whole on one worker (its shared runs made once); then, alone
+# on the machine, the tests that time something (marker `serial`). Both always run; either failing fails.
+WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n < 4 ? n : 4 )))
+SUITE = $(PY) -m pytest tests -m "$(1) and not serial" -n $(WORKERS) --dist loadfile --durations=20 \
+	$(PYTEST_ARGS); a=$$?; $(PY) -m pytest tests -m "$(1) and serial" --durations=5 $(PYTEST_ARGS); \
+	b=$$?; exit $$(( a || b ))
 test: setup
-	$(PY) -m pytest tests -m "not long" --durations=20 $(PYTEST_ARGS)
+	@$(call SUITE,not long)
 
 # Everything, the longest end-to-end runs included (about 30 more minutes on 2 cores).
 test-all: setup
-	$(PY) -m pytest tests --durations=20 $(PYTEST_ARGS)
+	@$(call SUITE,(long or not long))
 
 # No setup: on a GPU node the frameworks are the node's (a module); .venv's python only where the
 # python3 on the user's PATH has no torch (a laptop). ARGS passes flags: make check-gpu ARGS=--cpu-scaling

@@ -1,6 +1,8 @@
 """pytest's hooks and the fixtures tests share (a test names a fixture as an argument; nothing imports it). The
 helpers live in tests/support.py (run, check, the launchers, the failure tests' helpers)."""
+import hashlib
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -27,21 +29,36 @@ def temporary_files_in_the_session(tmp_path_factory):
     tempfile.tempdir = None
 
 
+# Every process a test starts carries this session's mark (a worker's, under `make test`'s workers): what a test
+# looks for among the machine's processes is its own session's, not a neighbouring worker's.
+SESSION_MARK = "SCALING_DL_TEST_SESSION"
+os.environ[SESSION_MARK] = f"{os.getpid()}"
+
+
 @pytest.fixture(scope="session")
 def shared_run(tmp_path_factory):
     """shared_run(script, launcher, flags): a 2-rank run of a lesson under a launcher with these flags, made once
-    per session and read by every test that asks for the same one: a lesson's own tests (the loss falls, the ranks
-    agree, a resumed run ends where it ended) and tests/test_lift_out.py (a copy of the lesson ends the same, digit
-    for digit). Returns (log dir, stdout + stderr)."""
-    done = {}
+    and read by every test that asks for the same one: a lesson's own tests (the loss falls, the ranks agree, a
+    resumed run ends where it ended) and tests/test_lift_out.py (a copy of the lesson ends the same, digit for
+    digit). Returns (log dir, stdout + stderr). Under `make test`'s workers (pytest-xdist) the run is made once for
+    all of them: the first to ask makes it in their common folder, under a lock the others wait on."""
+    from filelock import FileLock
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    base = tmp_path_factory.getbasetemp()
+    common = (base.parent if worker else base) / "shared-runs"
+    common.mkdir(exist_ok=True)
 
     def get(script, launcher, flags, timeout=300):
         key = ((ROOT / script).resolve(), launcher, tuple(map(str, flags)))
-        if key not in done:
-            log_dir = tmp_path_factory.mktemp(f"{key[0].parent.name}-{key[0].stem}-{launcher}".lower())
-            result = check(run(launch_command(script, 2, launcher, [*flags, "--log-dir", log_dir]), timeout=timeout))
-            done[key] = (log_dir, result.stdout + result.stderr)
-        return done[key]
+        name = f"{key[0].parent.name}-{key[0].stem}-{launcher}-{hashlib.sha256(repr(key).encode()).hexdigest()[:10]}"
+        log_dir, output = common / name.lower(), common / f"{name.lower()}.out"
+        with FileLock(f"{log_dir}.lock"):
+            if not output.exists():
+                shutil.rmtree(log_dir, ignore_errors=True)  # (a run that failed before: made again, and checked)
+                result = check(run(launch_command(script, 2, launcher, [*flags, "--log-dir", log_dir]),
+                                   timeout=timeout))
+                output.write_text(result.stdout + result.stderr)
+        return log_dir, output.read_text()
     return get
 
 
@@ -64,7 +81,8 @@ def no_stopped_process_left_behind():
     left = []
     for proc in psutil.process_iter(["status", "cmdline"]):
         try:
-            if proc.info["status"] == psutil.STATUS_STOPPED and root in " ".join(proc.info["cmdline"] or []):
+            if (proc.info["status"] == psutil.STATUS_STOPPED and root in " ".join(proc.info["cmdline"] or [])
+                    and proc.environ().get(SESSION_MARK) == os.environ[SESSION_MARK]):
                 left.append(proc)
         except psutil.Error:
             continue

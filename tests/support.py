@@ -223,8 +223,9 @@ TIMING = {"epoch_time_s", "train_time_s", "samples_per_s"}
 KILL_DEADLINE_S = 60
 
 
-def without_timing(history):
-    return [{k: v for k, v in m.items() if k not in TIMING} for m in history]
+def without_timing(history, *also):
+    """The history without its wall-clock fields (and the fields named in `also`)."""
+    return [{k: v for k, v in m.items() if k not in TIMING and k not in also} for m in history]
 
 
 # --- tiny MNIST sets in IDX format (real digits from the shipped set) -------------------------------------
@@ -378,9 +379,16 @@ print("RESULTS " + json.dumps(results))
 """
 
 
-def run_rows(script, rows, timeout=240):
+# What torchrun sets for rank 0 of 2 on one node: rows whose refusal depends on the world size (checked when the
+# flags are parsed, before any rendezvous) run as that rank. One real 2-rank launch per lesson shows every rank
+# refusing (tests/test_model_parallel.py, tests/test_zero.py).
+RANK_0_OF_2 = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
+
+
+def run_rows(script, rows, timeout=240, env=None):
     """[{"code": exit code, "stderr": text}] for `script` run with each row of flags, in one process."""
-    result = run([sys.executable, "-c", _ROWS_DRIVER, str(ROOT / script), json.dumps(rows)], timeout=timeout)
+    result = run([sys.executable, "-c", _ROWS_DRIVER, str(ROOT / script), json.dumps(rows)], timeout=timeout,
+                 env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     line = next(line for line in result.stdout.splitlines() if line.startswith("RESULTS "))
     return json.loads(line[len("RESULTS "):])

@@ -149,7 +149,7 @@ def run_together(commands, timeout):
 
 
 def same_training(one_node, two_nodes):
-    strip = ("epoch_time_s", "train_time_s", "samples_per_s")
+    strip = ("epoch_time_s", "train_time_s", "samples_per_s", "launcher")
     a, b = ([{k: v for k, v in m.items() if k not in strip} for m in metrics(d)] for d in (one_node, two_nodes))
     assert a == b
     checksums = summary(one_node).get("param_checksums")
@@ -173,11 +173,16 @@ def test_ddp_on_two_simulated_nodes_numbers_ranks_globally_and_equals_one_node(t
     same_training(tmp_path / "one", tmp_path / "two")
 
 
-@pytest.mark.parametrize("script, launcher", [(DDP, "mpiexec"), (HVD_TORCH, "mpiexec"), (DS, "torchrun"),
-                                              (TP, "torchrun"), (PP, "torchrun")])
-def test_every_pytorch_example_on_two_simulated_nodes_equals_one_node(shared_run, tmp_path, script, launcher):
-    flags = [*QUICK, "--zero-stage", "3"] if script == DS else QUICK  # the lesson's own tests' run on one node
-    one, _ = shared_run(script, launcher, flags)
+# (script, launcher of the two nodes, launcher of the lesson's own tests' run on one node, the one compared with)
+NODES = [(DDP, "mpiexec", "torchrun"), (HVD_TORCH, "mpiexec", "horovodrun"), (DS, "torchrun", "torchrun"),
+         (TP, "torchrun", "torchrun"), (PP, "torchrun", "torchrun")]
+
+
+@pytest.mark.parametrize("script, launcher, one_node_launcher", NODES, ids=[f"{s}-{n}" for s, n, _ in NODES])
+def test_every_pytorch_example_on_two_simulated_nodes_equals_one_node(shared_run, tmp_path, script, launcher,
+                                                                      one_node_launcher):
+    flags = [*QUICK, "--zero-stage", "3"] if script == DS else QUICK
+    one, _ = shared_run(script, one_node_launcher, flags)
     nodes = run_together(launch.simulated_nodes(script, 2, 1, launcher,
                                                 [*flags, "--log-all-ranks", "--log-dir", tmp_path / "two"]),
                          timeout=300)

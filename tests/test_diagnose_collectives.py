@@ -14,6 +14,7 @@ import collectives
 TOOL = "diagnose/collectives.py"
 
 
+@pytest.mark.serial  # a ratio of times: measured alone on the machine
 def test_two_ranks_measure_fit_and_predict_ddps_all_reduce_within_30_percent(tmp_path):
     check(
         run(

@@ -43,6 +43,7 @@ def profiled(tmp_path, name, *flags):
     }, result
 
 
+@pytest.mark.serial  # a ratio of times: measured alone on the machine
 def test_a_straggler_shows_up_as_the_other_rank_waiting(tmp_path):
     even, out = profiled(tmp_path, "even")
     slow, _ = profiled(tmp_path, "slow", "--slow-rank", "1", "--slow-ms", "150")

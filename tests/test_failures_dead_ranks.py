@@ -38,6 +38,7 @@ def test_sigkill_of_one_rank_ends_the_whole_job(tmp_path, script, launcher):
 
 
 
+@pytest.mark.serial  # a deadline in seconds: measured alone on the machine
 @pytest.mark.parametrize("script,launcher", [pytest.param(DDP, torchrun, id="ddp-torchrun"),
                                              pytest.param(DS, torchrun, id="deepspeed-torchrun", marks=LONG),
                                              pytest.param(HVD_TORCH, horovodrun, id="hvd-torch-horovodrun-gloo",

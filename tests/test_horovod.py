@@ -31,12 +31,11 @@ def assert_trained_and_identical(log_dir, ranks=2):
     return history
 
 
-LAUNCHES = [  # the first of each script is also the resume test's uninterrupted run
+LAUNCHES = [  # the first of each script is also the resume test's uninterrupted run; under mpiexec: the
+    # lift-out test's copies of the lessons (tests/test_lift_out.py), which end as these runs, digit for digit
     pytest.param(HVD_TORCH, lambda *a: horovodrun(2, *a), "horovodrun", id="torch-horovodrun-gloo"),
     pytest.param(HVD_TORCH, lambda *a: horovodrun(2, *a, controller="--mpi"), "mpiexec", id="torch-horovodrun-mpi"),
-    pytest.param(HVD_TORCH, lambda *a: mpiexec(2, *a), "mpiexec", id="torch-mpiexec"),
     pytest.param(HVD_TF, lambda *a: horovodrun(2, *a), "horovodrun", id="tf-horovodrun-gloo"),
-    pytest.param(HVD_TF, lambda *a: mpiexec(2, *a), "mpiexec", id="tf-mpiexec"),
     pytest.param(HVD_KERAS, lambda *a: horovodrun(2, *a), "horovodrun", id="keras-horovodrun-gloo"),
 ]
 
@@ -53,7 +52,7 @@ def launch_named(name):
 
 # How tools/launch.py names each LAUNCHES row's launcher.
 LAUNCH_NAMES = {"torch-horovodrun-gloo": "horovodrun", "torch-horovodrun-mpi": "horovodrun-mpi",
-                "torch-mpiexec": "mpiexec", "tf-horovodrun-gloo": "horovodrun", "tf-mpiexec": "mpiexec",
+                "tf-horovodrun-gloo": "horovodrun",
                 "keras-horovodrun-gloo": "horovodrun"}
 
 
@@ -108,14 +107,6 @@ def test_resume_matches_an_uninterrupted_run(tmp_path, quick_run, name):
     assert summary(tmp_path)["param_checksums"] == summary(straight)["param_checksums"]
     assert [m["epoch"] for m in metrics(tmp_path)] == [1, 2]
     assert metrics(tmp_path)[1]["train_loss"] == pytest.approx(metrics(straight)[1]["train_loss"], abs=1e-9)
-
-
-@pytest.mark.parametrize("script", [HVD_TORCH, HVD_TF, HVD_KERAS])
-@pytest.mark.parametrize("flags,words", [(["--batch-size", "0"], "--batch-size"),
-                                         (["--data-dir", "/no/such/dir"], "/no/such/dir")])
-def test_bad_input_fails_every_rank_with_one_line(tmp_path, script, flags, words):
-    result = run(horovodrun(2, script, *flags, "--log-dir", tmp_path), timeout=180)
-    assert_each_rank_refused(result, words, 2, horovodrun)
 
 
 def test_adasum_trains_under_mpi_and_is_refused_clearly_under_gloo(tmp_path):

@@ -5,6 +5,7 @@ import torch
 
 from support import (
     PP,
+    RANK_0_OF_2,
     TP,
     assert_each_rank_refused,
     assert_event_epochs,
@@ -93,11 +94,8 @@ def test_pipeline_equals_gradient_accumulation_for_both_schedules(tmp_path):
 
 @pytest.mark.parametrize("nproc,script,flags,words", [
     (3, TP, [], "3 tensor-parallel ranks do not divide the layer width 1024"),
-    (2, TP, ["--dp", "3"], "--dp 3 does not divide the 2 rank(s)"),
     (3, PP, [], "4 hidden layers do not split into 3 equal stages"),
-    (2, PP, ["--micro-batches", "5"], "--micro-batches 5 does not divide --batch-size 32"),
-    (2, PP, ["--micro-batches", "1"], "--schedule 1f1b needs at least one micro-batch per stage"),
-], ids=["tp-width", "tp-dp", "pp-stages", "pp-micro-batches", "pp-1f1b"])
+], ids=["tp-width", "pp-stages"])
 def test_bad_sizes_fail_every_rank_in_one_line(tmp_path, nproc, script, flags, words):
     result = run(torchrun(nproc, script, *flags, "--log-dir", tmp_path), timeout=120)
     assert result.returncode != 0
@@ -105,6 +103,25 @@ def test_bad_sizes_fail_every_rank_in_one_line(tmp_path, nproc, script, flags, w
     assert "exitcode  : 2 " in result.stderr  # torchrun's report of the first rank to stop: our exit code
     assert not [line for line in result.stderr.splitlines() if "model_parallel/" in line and "File" in line]
     assert not (tmp_path / "config.json").exists()  # stopped before anything started
+
+
+BAD_SIZES_AT_2 = {  # more sizes that do not split over 2 ranks: rank 0's refusal, all in one interpreter
+    TP: [(["--dp", "3"], "--dp 3 does not divide the 2 rank(s)")],
+    PP: [(["--micro-batches", "5"], "--micro-batches 5 does not divide --batch-size 32"),
+         (["--micro-batches", "1"], "--schedule 1f1b needs at least one micro-batch per stage")],
+}
+
+
+@pytest.mark.parametrize("script", BAD_SIZES_AT_2)
+def test_more_bad_sizes_are_refused_at_2_ranks(tmp_path, script):
+    table = BAD_SIZES_AT_2[script]
+    outcomes = run_rows(script, [[*flags, "--log-dir", str(tmp_path / "log")] for flags, _ in table],
+                        env=RANK_0_OF_2)
+    for (flags, words), outcome in zip(table, outcomes):
+        assert outcome["code"] == 2, (flags, outcome)
+        errors = error_lines(outcome["stderr"])
+        assert len(errors) == 1 and words in errors[0], (flags, outcome["stderr"])
+    assert not (tmp_path / "log").exists()
 
 
 BAD_INPUT = {  # one interpreter per lesson runs its rows (run_rows): each refusal comes before training

@@ -6,9 +6,8 @@ import sys
 
 import pytest
 
-from support import DDP, HVD_TF, PP, ROOT, check, event_scalars, metrics, mpiexec, run, torchrun
+from support import DDP, HVD_TF, PP, QUICK, ROOT, check, event_scalars, metrics, python, run
 
-QUICK = ["--epochs", "2", "--max-steps", "4", "--log-interval", "2"]
 EPOCH_TAGS = {
     "epoch/train_loss",
     "epoch/train_acc",
@@ -18,38 +17,31 @@ EPOCH_TAGS = {
     "epoch/samples_per_s",
 }
 # The writer is RunLog's, shared by every lesson: these three cover its kinds (a PyTorch rank 0, a
-# TensorFlow rank 0, and the pipeline, whose step losses come from the last stage). The other lessons'
-# own tests check their event files on the runs they make anyway (support.assert_event_epochs).
-LESSONS = [  # (id, command, holds step losses)
-    ("ddp", lambda: torchrun(2, DDP, *QUICK), True),
-    ("horovod-tensorflow", lambda: mpiexec(2, HVD_TF, *QUICK), True),
-    (
-        "pipeline-parallel",
-        lambda: torchrun(2, PP, *QUICK, "--width", "256"),
-        True,
-    ),
-]
+# TensorFlow rank 0, and the pipeline, whose step losses come from the last stage). Each is the 2-rank run its
+# lesson's tests and the lift-out test read too (conftest.py's shared_run); the other lessons' own tests check
+# their event files on their runs (support.assert_event_epochs).
+LESSONS = [(DDP, "torchrun", QUICK), (HVD_TF, "horovodrun", [*QUICK, "--dropout", "0"]), (PP, "torchrun", QUICK)]
 
 
-@pytest.mark.parametrize("name,command,steps", LESSONS, ids=[lesson[0] for lesson in LESSONS])
-def test_every_epoch_is_in_the_event_files(tmp_path, name, command, steps):
-    check(run([*command(), "--log-dir", tmp_path], timeout=400))
-    files, found = event_scalars(tmp_path)
-    assert files, f"{name}: no event file in {tmp_path}"
+@pytest.mark.parametrize("script,launcher,flags", LESSONS, ids=["ddp", "horovod-tensorflow", "pipeline-parallel"])
+def test_every_epoch_is_in_the_event_files(shared_run, script, launcher, flags):
+    log_dir, _ = shared_run(script, launcher, flags)
+    files, found = event_scalars(log_dir)
+    assert files, f"{script}: no event file in {log_dir}"
     assert EPOCH_TAGS <= set(found), sorted(found)
-    for m in metrics(tmp_path):  # the same numbers as metrics.jsonl, epoch by epoch
+    for m in metrics(log_dir):  # the same numbers as metrics.jsonl, epoch by epoch
         for key in ("train_loss", "test_acc", "lr", "samples_per_s"):
             assert found[f"epoch/{key}"][m["epoch"]] == pytest.approx(m[key], rel=1e-5), (key, m)
     assert sorted(found["epoch/train_loss"]) == [1, 2]
-    if steps:  # logged every 2 steps of 4, over 2 epochs: global steps 2, 4, 6, 8
-        assert sorted(found["step/train_loss"]) == [2, 4, 6, 8]
+    # --log-interval 4 of 8 steps, over 2 epochs: global steps 4, 8, 12, 16
+    assert sorted(found["step/train_loss"]) == [4, 8, 12, 16]
 
 
 def test_course_tensorboard_0_writes_no_event_files(tmp_path):
     check(
         run(
             [
-                *torchrun(2, DDP, "--epochs", "1", "--max-steps", "2"),
+                *python(DDP, "--epochs", "1", "--max-steps", "2"),
                 "--log-dir",
                 tmp_path,
             ],

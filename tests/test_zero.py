@@ -6,7 +6,18 @@ import sys
 
 import pytest
 
-from support import ROOT, ZERO, assert_each_rank_refused, check, error_lines, python, run, torchrun
+from support import (
+    RANK_0_OF_2,
+    ROOT,
+    ZERO,
+    assert_each_rank_refused,
+    check,
+    error_lines,
+    python,
+    run,
+    run_rows,
+    torchrun,
+)
 
 sys.path.append(str(ROOT))  # after site-packages (see tests/test_shadowing.py)
 from zero.census import formula
@@ -89,24 +100,25 @@ def test_the_lesson_runs_in_one_process_without_a_launcher(tmp_path):
     assert r["per_rank"][0]["optim"] == pytest.approx(8 * r["psi"], rel=0.1)
 
 
-@pytest.mark.parametrize("flags,words", [
-    (["--steps", "1"], "--steps must be at least 2"),
-    (["--steps", "100"], "needs more than the 4,000 training digits"),
-    (["--variant", "ds4"], "--variant"),
-], ids=["one-step", "too-many-digits", "unknown-variant"])
-def test_bad_input_fails_every_rank_with_one_line(flags, words):
-    result = run(torchrun(2, LESSON, *SMALL, *flags), timeout=180)
+def test_bad_input_fails_every_rank_with_one_line():
+    result = run(torchrun(2, LESSON, *SMALL, "--variant", "ds4"), timeout=180)
     assert result.returncode != 0
     errors = error_lines(result.stderr)
     assert errors
-    assert_each_rank_refused(result, words, 2, "torchrun")  # one line from each rank torchrun let run
+    assert_each_rank_refused(result, "--variant", 2, "torchrun")  # one line from each rank torchrun let run
     assert f'File "{ROOT / LESSON}"' not in result.stderr  # no traceback from the lesson (torchrun prints its own)
 
 
-@pytest.mark.parametrize("flags,words", [(["--ranks", "0"], "--ranks"), (["--hidden", "8"], "--hidden")])
-def test_the_reports_bad_input_is_one_line_and_exit_2(flags, words):
-    result = run(python(REPORT, *flags), timeout=120)
-    assert result.returncode == 2
-    errors = error_lines(result.stderr)
-    assert len(errors) == 1 and words in errors[0], result.stderr[-3000:]
-    assert "Traceback" not in result.stderr
+@pytest.mark.parametrize("script,env,table", [
+    (LESSON, RANK_0_OF_2, [(["--steps", "1"], "--steps must be at least 2"),
+                           (["--steps", "100"], "needs more than the 4,000 training digits")]),
+    (REPORT, None, [(["--ranks", "0"], "--ranks"), (["--hidden", "8"], "--hidden")]),
+], ids=["lesson-at-2-ranks", "report"])
+def test_more_bad_input_is_one_line_and_exit_2(script, env, table):
+    """(All rows of a script in one interpreter: each refusal comes when the flags are parsed.)"""
+    outcomes = run_rows(script, [[*SMALL, *flags] if script == LESSON else flags for flags, _ in table], env=env)
+    for (flags, words), outcome in zip(table, outcomes):
+        assert outcome["code"] == 2, (flags, outcome)
+        errors = error_lines(outcome["stderr"])
+        assert len(errors) == 1 and words in errors[0], (flags, outcome["stderr"][-3000:])
+        assert "Traceback" not in outcome["stderr"], (flags, outcome["stderr"])
