@@ -2,8 +2,8 @@
 
 - The device and backend choice: `--device auto` takes xpu (Intel GPUs, Aurora), then cuda, then cpu, pinned by
   local rank; `--backend auto` maps xpu -> xccl, cuda -> nccl, cpu -> gloo. The selection logic runs here against
-  a torch whose `xpu`/`cuda` modules claim devices (no GPU exists on these machines); every impossible choice runs
-  for real, under a real launcher: one `error:` line per rank and a non-zero exit, no traceback.
+  a torch whose `xpu`/`cuda` modules claim devices (no GPU exists on these machines); every impossible choice is
+  refused by each lesson in one `error:` line and a non-zero exit, no traceback; under a real launcher, on every rank.
 - Multi-node, rehearsed on one machine: two torchrun launchers with --nnodes 2 and a c10d rendezvous on loopback
   (or one Hydra launch over two host entries), so local ranks restart on each "node" while global ranks do not;
   the result equals the same world on one node (which it could not if shards were cut by local rank).
@@ -30,6 +30,7 @@ from support import (
     metrics,
     mpiexec,
     run,
+    run_rows,
     summary,
     torchrun,
 )
@@ -108,8 +109,8 @@ IMPOSSIBLE = impossible_here([(["--device", "xpu"], "--device xpu"), (["--device
                               (["--device", "cpu", "--backend", "nccl"], "--backend nccl")])
 
 
-@pytest.mark.parametrize("flags, words", IMPOSSIBLE, ids=[" ".join(f) for f, _ in IMPOSSIBLE])
-def test_impossible_device_or_backend_ends_every_rank_with_one_line(tmp_path, flags, words):
+def test_an_impossible_device_ends_every_rank_with_one_line(tmp_path):
+    flags, words = IMPOSSIBLE[0]
     result = run(mpiexec(2, DDP, *SHORT, *flags, "--log-dir", tmp_path / "log"), timeout=120)
     assert result.returncode != 0
     errors = error_lines(result.stderr)
@@ -118,18 +119,40 @@ def test_impossible_device_or_backend_ends_every_rank_with_one_line(tmp_path, fl
     assert not (tmp_path / "log" / "summary.json").exists()
 
 
-@pytest.mark.parametrize("script, flags, words", impossible_here([
+# Every other impossible choice, lesson by lesson: the lesson's rows in one interpreter (support.run_rows). Each
+# refusal comes before any rendezvous, on every rank alike (what the test above and
+# tests/test_failures_bad_paths_and_values.py's launch of every lesson show, one case each).
+REFUSALS = [(DDP, flags, words) for flags, words in IMPOSSIBLE[1:]] + impossible_here([
     (HVD_TORCH, ["--device", "xpu"], "--device xpu"), (DS, ["--device", "xpu"], "--device xpu"),
     (TP, ["--device", "cuda"], "--device cuda"), (PP, ["--backend", "xccl"], "--backend xccl"),
     (HVD_TF, ["--device", "cuda"], "TensorFlow sees no GPU"),
     (DS, ["--device", "cpu", "--backend", "xccl"], "--backend xccl"),
-]) + [(HVD_TF, ["--device", "xpu"], "on Intel GPUs (Aurora) use DDP/main.py")])  # TensorFlow: never xpu
-def test_every_pytorch_and_tensorflow_example_refuses_a_missing_device(tmp_path, script, flags, words):
-    result = run(mpiexec(2, script, *SHORT, *flags, "--log-dir", tmp_path / "log"), timeout=180)
+]) + [(HVD_TF, ["--device", "xpu"], "on Intel GPUs (Aurora) use DDP/main.py")]  # TensorFlow: never xpu
+# TensorFlow's refusals come after hvd.init(), from the device TensorFlow sees: each a real launch of its own.
+BY_SCRIPT = {script: [(f, w) for s, f, w in REFUSALS if s == script] for script, _, _ in REFUSALS if script != HVD_TF}
+TF_REFUSALS = [(f, w) for s, f, w in REFUSALS if s == HVD_TF]
+
+
+@pytest.mark.parametrize("flags, words", TF_REFUSALS, ids=[" ".join(f) for f, _ in TF_REFUSALS])
+def test_tensorflow_refuses_a_missing_device_on_every_rank(tmp_path, flags, words):
+    result = run(mpiexec(2, HVD_TF, *SHORT, *flags, "--log-dir", tmp_path / "log"), timeout=180)
     assert result.returncode != 0
     errors = error_lines(result.stderr)
     assert len(errors) == 2 and all(words in e for e in errors), result.stderr[-3000:]
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("script", BY_SCRIPT)
+def test_every_pytorch_example_refuses_a_missing_device(tmp_path, script):
+    table = BY_SCRIPT[script]
+    outcomes = run_rows(script, [[*SHORT, *flags, "--log-dir", str(tmp_path / f"log{i}")]
+                                 for i, (flags, _) in enumerate(table)])
+    for i, ((flags, words), outcome) in enumerate(zip(table, outcomes)):
+        errors = error_lines(outcome["stderr"])
+        assert outcome["code"] not in (0, None, "finished"), (flags, outcome)
+        assert len(errors) == 1 and words in errors[0], (flags, outcome["stderr"][-3000:])
+        assert "Traceback" not in outcome["stderr"], (flags, outcome["stderr"][-3000:])
+        assert not (tmp_path / f"log{i}" / "summary.json").exists()
 
 
 # --- two nodes on one machine ---------------------------------------------------------------------------------

@@ -244,6 +244,7 @@ def test_free_ports_come_from_below_the_ephemeral_range():
             s.bind(("127.0.0.1", port))  # and free
 
 
+@pytest.mark.serial  # the machine's ports: no other worker's jobs listening meanwhile
 def test_a_port_from_free_port_survives_other_programs_taking_kernel_picked_ports():
     """While other programs keep listening on ports the kernel picks (srun, gloo, a TCPStore; here
     tools/soak.py's pressure, far more of them), a port picked by binding port 0 is soon taken
