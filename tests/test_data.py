@@ -64,6 +64,15 @@ def test_shipped_digits_are_real_and_balanced():
     assert mnist.x_train.max() == 255 and 0.05 < (mnist.x_train > 0).mean() < 0.5  # digit-like ink coverage
 
 
+def test_an_idx_gz_damaged_inside_is_a_clear_error(tmp_path):
+    folder = tmp_path / "MNIST" / "raw"
+    write_idx(folder, compress=True)
+    path = folder / "train-images-idx3-ubyte.gz"
+    overwrite_the_middle(path, 512)
+    with pytest.raises(data.DataError, match=f"cannot read {path}"):
+        data.load_mnist(str(tmp_path))
+
+
 def test_truncated_idx_file_is_a_clear_error(tmp_path):
     folder = tmp_path / "MNIST" / "raw"
     write_idx(folder, compress=False)
@@ -135,14 +144,39 @@ def test_test_shards_cover_the_test_set():
     assert len({len(part) for part in parts}) == 1  # as many test batches on every rank (ZeRO-3 needs it)
 
 
-@pytest.mark.parametrize("content", ["random bytes", "object arrays"])
+def overwrite_the_middle(path, size=4096):
+    """4 KB of random bytes written into a file in place: its length and header stay as they were."""
+    raw = bytearray(path.read_bytes())
+    middle = len(raw) // 2 - size // 2
+    raw[middle:middle + size] = np.random.default_rng(1).bytes(size)
+    path.write_bytes(bytes(raw))
+
+
+def a_real_npz(path, save=np.savez):
+    rng = np.random.default_rng(1)
+    (xtr, ytr), (xte, yte) = fake_split(rng, 70), fake_split(rng, 30)
+    save(path, x_train=xtr, y_train=ytr, x_test=xte, y_test=yte)
+
+
+@pytest.mark.parametrize("content", ["random bytes", "object arrays", "a zip header, then garbage",
+                                     "truncated", "compressed, damaged inside", "missing arrays"])
 def test_a_damaged_npz_says_so_and_how_to_fetch_it_again_never_to_unpickle(tmp_path, content):
     path = tmp_path / "mnist.npz"
     if content == "random bytes":  # numpy reads these as a pickle, and suggests allow_pickle=True
         path.write_bytes(np.random.default_rng(0).bytes(4096))
-    else:
+    elif content == "object arrays":
         np.savez(path, x_train=np.array([{"a": 1}], dtype=object), y_train=np.zeros(1),
                  x_test=np.zeros(1), y_test=np.zeros(1))
+    elif content == "a zip header, then garbage":  # zipfile's BadZipFile
+        path.write_bytes(b"PK\x03\x04" + np.random.default_rng(0).bytes(4096))
+    elif content == "truncated":
+        a_real_npz(path)
+        path.write_bytes(path.read_bytes()[:-3000])
+    elif content == "compressed, damaged inside":  # zlib's error, or the zip's CRC check
+        a_real_npz(path, np.savez_compressed)
+        overwrite_the_middle(path, 1024)
+    else:
+        np.savez(path, x_train=np.zeros((1, 28, 28), np.uint8))
     with pytest.raises(data.DataError) as caught:
         data.load_mnist(str(tmp_path))
     assert str(caught.value) == f"{path} is damaged or not MNIST: delete it, then add --download"

