@@ -144,15 +144,27 @@ def corrupt_largest(log_dir, pattern, mutate):
     path.write_bytes(mutate(path.read_bytes()))
 
 
+def in_place(raw, size=4096):
+    """4 KB of random bytes written into the middle: the length and the archive's structure stay."""
+    middle = len(raw) // 2 - size // 2
+    return raw[:middle] + os.urandom(size) + raw[middle + size:]
+
+
+# The file a lesson's checkpoint holds its weights in (the largest of its kind), damaged in place.
+WEIGHTS = {DDP: "checkpoint.pt", HVD_TORCH: "checkpoint.pt", HVD_TF: "*.data-*", DS: "*model_states.pt"}
+
+
 
 @pytest.mark.parametrize("script", RESUMABLE)
 def test_bad_checkpoint_is_one_line_and_leaves_the_log_dir_alone(tmp_path, tiny, script):
     import shutil
+    good = framework_checkpoint(script, tmp_path / "good", tiny)  # the lesson's own, as it writes it
+    shutil.copytree(good, tmp_path / "in-place")
+    corrupt_largest(tmp_path / "in-place", WEIGHTS[script], in_place)  # (not only truncation)
     if script in (DDP, HVD_TORCH):
-        cases = torch_checkpoints(tmp_path)
+        cases = {**torch_checkpoints(tmp_path), "in-place": tmp_path / "in-place"}
     else:
-        good = framework_checkpoint(script, tmp_path / "good", tiny)
-        cases = {}
+        cases = {"in-place": tmp_path / "in-place"}
         for name in ("truncated", "corrupted"):
             shutil.copytree(good, tmp_path / name)
             cases[name] = tmp_path / name
@@ -165,6 +177,9 @@ def test_bad_checkpoint_is_one_line_and_leaves_the_log_dir_alone(tmp_path, tiny,
             plant_code(next((tmp_path / "runs-code" / "checkpoints").rglob("*model_states.pt")),
                        tmp_path / "runs-code" / "code-ran")
             cases["runs-code"] = tmp_path / "runs-code"
+    for name, log_dir in cases.items():  # the others without SHA256SUMS (an older checkpoint, a copied
+        for sums in log_dir.rglob("SHA256SUMS") if name != "in-place" else ():  # lesson's): the loaders' checks
+            sums.unlink()
     before = {name: {p.relative_to(log_dir): p.read_bytes() for p in log_dir.rglob("*") if p.is_file()}
               for name, log_dir in cases.items()}
     # one command line per case, all in one interpreter (run_rows): each is refused before training
@@ -177,6 +192,8 @@ def test_bad_checkpoint_is_one_line_and_leaves_the_log_dir_alone(tmp_path, tiny,
         assert "Traceback" not in outcome["stderr"], (name, outcome["stderr"][-3000:])
         assert_log_dir_sound(log_dir, before[name])
         assert not (log_dir / "code-ran").exists(), "a checkpoint ran code while loading"
+        if name == "in-place" and script != HVD_TF:  # torch's archive loads: its SHA256SUMS catches it
+            assert " is damaged: its bytes are not the ones written" in errors[0], errors[0]
         print(f"\n[{script} {name}] {errors[0]}")
 
 

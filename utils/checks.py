@@ -6,7 +6,7 @@ import os
 import sys
 import tempfile
 
-from utils import log, parse_args
+from utils import log, parse_args, seal
 from utils.dist import backend_problem, cores, device_problem, discover
 from utils.errors import fail, record_for_torchrun
 from utils.failures import note_args
@@ -32,11 +32,17 @@ class Parser(parse_args.Parser):
 
 
 def resume_check(args):
-    """Before the lesson starts: --resume with no checkpoint is one line, exit 2; --resume auto
-    with none says so (rank 0) and the lesson starts at epoch 1. (zero/: its own checks.)"""
-    if not getattr(args, "resume", False) or not hasattr(args, "log_dir"):
+    """Before the lesson starts: a checkpoint whose bytes are not the ones written is one line, exit
+    2; --resume with no checkpoint too; --resume auto with none says so (rank 0) and the lesson
+    starts at epoch 1. (zero/: its own checks of the rest.)"""
+    if not getattr(args, "resume", False):
         return
-    folder = checkpoint_folder(args.checkpoint_dir, args.log_dir)
+    log_dir = getattr(args, "log_dir", None)
+    folder = checkpoint_folder(getattr(args, "checkpoint_dir", None), log_dir)
+    if folder and os.path.isdir(folder):  # every file as written (utils/seal.py), before any load
+        seal.verify(folder)
+    if not hasattr(args, "log_dir"):
+        return
     if args.resume is True and not checkpoint_exists(args):
         fail(f"--resume: no checkpoint at {folder}")
     if args.resume == "auto" and not checkpoint_exists(args) and discover().rank == 0:

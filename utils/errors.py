@@ -13,6 +13,15 @@ class UserError(Exception):
     """A problem with the user's input or files (not a bug): reported as one line, exit code 2."""
 
 
+class NonFiniteLoss(Exception):
+    """A loss that is NaN or infinite, at a step or an epoch's end (utils/watch.py): the run stops
+    there, before it writes a checkpoint, in one line (utils/failures.py), exit code 1."""
+
+    def __init__(self, loss, epoch, step=None, total=None, which="training"):
+        super().__init__(f"non-finite {which} loss {loss}")
+        self.loss, self.epoch, self.step, self.total, self.which = loss, epoch, step, total, which
+
+
 def record_for_torchrun(line):
     """Under torchrun, write `line` to the error file it gave this worker (TORCHELASTIC_ERROR_FILE),
     in the format of torch.distributed.elastic's @record: torchrun's failure report then shows this

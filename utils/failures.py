@@ -13,7 +13,7 @@ import time
 
 from utils import log, watch
 from utils.data import DataError
-from utils.errors import UserError, fail, say
+from utils.errors import NonFiniteLoss, UserError, fail, say
 from utils.runfiles import chosen_log_dir, epochs_done, has_checkpoint, remove_debris
 
 _ARGS = []  # the run's parsed flags (parse_args.parse notes them): --log-dir, --dist-timeout
@@ -186,6 +186,8 @@ def run_main(main):
         remove_debris()
         if isinstance(exc, (UserError, DataError)):
             fail(str(exc))
+        if isinstance(exc, NonFiniteLoss):
+            _quit(_non_finite_line(exc), 1)
         if problem := _checkpoint_problem(exc):
             fail(problem)
         if not is_peer_failure(exc):
@@ -196,6 +198,19 @@ def run_main(main):
             record_for_torchrun(traceback.format_exc())
             raise  # a bug: keep the traceback
         _quit(_peer_line(exc), 1)
+
+
+def _non_finite_line(exc):
+    """A NaN or infinite loss: where, and that the checkpoint on disk is still the last good one."""
+    where = (f"at step {exc.step}/{exc.total} of epoch {exc.epoch}" if exc.step is not None else
+             f"in epoch {exc.epoch} (its mean over all ranks)")
+    checkpoint, _ = _last_checkpoint()
+    kept = (f"the checkpoint is left as it was: {checkpoint}" if checkpoint else
+            "no checkpoint was written")
+    clip = " or --clip-grad-norm" if hasattr(_ARGS[0] if _ARGS else None, "clip_grad_norm") else ""
+    return (f"rank {_rank()} stopped: the {exc.which} loss is {exc.loss} {where}, before the "
+            f"epoch's checkpoint; {kept}. A lower --lr{clip} may help; a run that resumed from a "
+            "checkpoint damaged in place would end here too")
 
 
 def _no_rank_0(exc):

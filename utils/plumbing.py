@@ -11,7 +11,7 @@ import importlib.metadata
 import re
 import sys
 
-from utils import log, quiet, scratch, watch
+from utils import log, quiet, scratch, seal, watch
 
 FRAMEWORKS = ("torch", "tensorflow", "keras", "tf_keras", "horovod", "deepspeed", "mpi4py", "numpy",
               "mlxtend")
@@ -97,3 +97,4 @@ def _before_main(args):
 install()
 scratch.private_tmp()  # (after install(): the line numbers above are quoted in diagnose/hangs.md)
 watch.install(log)  # TensorBoard's event files and the failure reports, around log's classes
+seal.install(log)  # every checkpoint with the SHA-256 of its files, checked on --resume

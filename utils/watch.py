@@ -1,10 +1,13 @@
 """Course plumbing around utils/log.py, from outside (plumbing.py installs it; a lesson's copy runs
 without it): the run's TensorBoard event files (board.py), and what a one-line failure report needs
-(failures.py): the training step this rank last finished, and the folder of the run's files."""
+(failures.py): the training step this rank last finished, and the folder of the run's files; and a
+non-finite loss stops the run before it writes a checkpoint."""
+import math
 import sys
 import time
 
 from utils.board import Board
+from utils.errors import NonFiniteLoss
 
 POSITION = {}  # epoch, step, total, at: the last training step this rank finished
 RUN_DIR = []  # the folder of this process's RunLog
@@ -19,6 +22,8 @@ def install(log):
     class Progress(log.Progress):
         def update(self, step, loss):
             POSITION.update(epoch=self.epoch, step=step, total=self.total, at=time.monotonic())
+            if loss is not None and not math.isfinite(loss):  # stop before a checkpoint is written
+                raise NonFiniteLoss(loss, self.epoch, step, self.total)
             printed = super().update(step, loss)
             if printed:  # a step loss every --log-interval steps: the same as the printed lines
                 Board.step((self.epoch - 1) * self.total + step, loss)
@@ -32,8 +37,11 @@ def install(log):
             RUN_DIR[:] = [log_dir]
             Board.open(log_dir, is_main)
 
-        def epoch_end(self, *args):
-            super().epoch_end(*args)
+        def epoch_end(self, epoch, sums, *args):  # (sums: over all ranks, the same on each)
+            for loss, seen, which in ((sums[0], sums[2], "training"), (sums[3], sums[5], "test")):
+                if not math.isfinite(loss):  # every rank stops here, before the epoch's checkpoint
+                    raise NonFiniteLoss(loss / seen, epoch, which=which)
+            super().epoch_end(epoch, sums, *args)
             if self.is_main:
                 Board.epoch(self.history[-1])
 
