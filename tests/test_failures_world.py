@@ -168,6 +168,17 @@ def test_an_fsdp2_checkpoint_of_2_ranks_loads_whole_at_1_and_4_ranks(tmp_path):
         assert loaded["loaded_checksum"] == saved["saved_checksum"]
         assert loaded["step"] == 4 and "step 3  loss" in result.stdout
         assert (folder / "latest").read_text() == "step4"
+    # the shards carry their SHA-256 (utils/seal.py): one damaged in place is refused before anything loads
+    shutil.copytree(tmp_path / "at2", tmp_path / "damaged")
+    shard = max((tmp_path / "damaged").rglob("*.distcp"), key=lambda p: p.stat().st_size)
+    raw = bytearray(shard.read_bytes())
+    raw[len(raw) // 2:len(raw) // 2 + 4096] = bytes(4096)
+    shard.write_bytes(bytes(raw))
+    refused = run(python(FSDP, "--hidden", "128", "--steps", "2", "--checkpoint-dir", tmp_path / "damaged", "--resume"),
+                  timeout=120)
+    assert refused.returncode == 2 and error_lines(refused.stderr) == [
+        f"error: checkpoint file {shard} is damaged: its bytes are not the ones written (SHA-256 in "
+        f"{shard.parent / 'SHA256SUMS'}): resume from an intact copy, or start again without --resume"], refused.stderr
 
 
 def test_fsdp2_resume_without_a_checkpoint_is_one_line_on_every_rank(tmp_path):
