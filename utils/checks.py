@@ -12,6 +12,7 @@ from utils.errors import fail, record_for_torchrun
 from utils.failures import note_args
 from utils.log import checkpoint_folder
 from utils.runfiles import epochs_done, has_checkpoint, note_default_log_dir, note_new_folder
+from utils.runfiles import take_log_dir as take_log_dir_of
 
 
 def _recorded_error(parser):
@@ -47,6 +48,13 @@ def resume_check(args):
         fail(f"--resume: no checkpoint at {folder}")
     if args.resume == "auto" and not checkpoint_exists(args) and discover().rank == 0:
         print(f"--resume auto: no checkpoint in {folder}: starting at epoch 1", flush=True)
+
+
+def take_log_dir(args):
+    """Every rank takes --log-dir for this run (utils/runfiles.py): a second run on the same folder
+    is refused on every rank, naming the holder, while the first one runs."""
+    if getattr(args, "log_dir", None):
+        take_log_dir_of(args.log_dir, discover().rank, " ".join(sys.argv))
 
 
 def checkpoint_exists(args):

@@ -14,7 +14,7 @@ import time
 from utils import log, watch
 from utils.data import DataError
 from utils.errors import NonFiniteLoss, UserError, fail, say
-from utils.runfiles import chosen_log_dir, epochs_done, has_checkpoint, remove_debris
+from utils.runfiles import chosen_log_dir, epochs_done, has_checkpoint, holder_of, remove_debris
 
 _ARGS = []  # the run's parsed flags (parse_args.parse notes them): --log-dir, --dist-timeout
 
@@ -220,6 +220,10 @@ def _no_rank_0(exc):
     found = re.search(r"trying to connect to \((\S+), (\d+)\)", str(exc))
     if not found or _rank() == 0:
         return None
+    held = holder_of(getattr(_ARGS[0], "log_dir", None) if _ARGS else None)
+    if held:  # this run's rank 0 was refused the folder (a larger run has ranks the first lacks)
+        return (f"rank {_rank()} found no rank 0: {_ARGS[0].log_dir} is in use by another run "
+                f"({held}): wait for it to end, or choose another --log-dir")
     return (f"rank {_rank()} found no rank 0 at {found.group(1)}:{found.group(2)} (MASTER_ADDR:"
             "MASTER_PORT; rank 0 listens there): rank 0 never started, died before, or listens "
             "elsewhere; start every rank with one launcher, or check the address")

@@ -76,6 +76,7 @@ def run_main(main, parser):
 
     def checked_main():
         args = checks.parse(parser)
+        checks.take_log_dir(args)  # one run per folder: a second one on it is refused
         _before_main(args)
         if not checks.finished_already(args):
             checks.resume_check(args)

@@ -29,14 +29,71 @@ def epochs_done(log_dir):
         return 0
 
 
-def note_new_folder(path):
-    """Remember the outermost folder of `path` that does not exist yet: if the run fails before
-    any result is in it (nothing but config.json and TensorBoard's events), run_main removes it
-    again, so a failed start leaves no debris."""
+LOCK = ".lock"  # a run's folder: byte r locked by rank r while it runs; the holder written in
+_HELD = []  # the open lock file: the lock lasts as long as the process, and dies with it
+
+
+def take_log_dir(log_dir, rank, command):
+    """Rank `rank` of this run takes `log_dir`: a POSIX record lock on byte `rank` of
+    <log_dir>/.lock, released by the kernel when the process ends, however it ends (no stale pid
+    file). Every rank of a second run on the folder meets the lock of its counterpart and is refused
+    in one line that names the holder; once the first run has ended, a rerun (a resume) takes the
+    folder again. Nothing if the file system has no locks (the run goes on, unguarded)."""
+    import fcntl
+    import socket
+    import time
+
+    from utils.errors import UserError
+    os.makedirs(log_dir, exist_ok=True)
+    fd = os.open(os.path.join(log_dir, LOCK), os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, rank, os.SEEK_SET)
+    except OSError as exc:
+        if exc.errno not in (11, 13):  # EAGAIN, EACCES: held. ENOLCK and the like: no locks here
+            os.close(fd)
+            return
+        holder = holder_of(log_dir) or "another process"
+        os.close(fd)
+        raise UserError(f"{log_dir} is in use by another run ({holder}): wait for it to end (then "
+                        "--resume continues it), or choose another --log-dir") from None
+    if rank == 0:  # the folder is this run's: removed again if it fails before a result (fresh: it
+        # holds nothing but locks, made by this run's other ranks just now, or by this rank)
+        note_new_folder(log_dir, fresh=lambda folder: all(n == LOCK for n in files_under(folder)))
+        # who holds it, for the refusal's line (past bytes 0..ranks: the locks are apart)
+        when = time.strftime("%Y-%m-%d %H:%M:%S")
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since {when}: {command}"
+                  .encode()[:4000].ljust(4096), 0)  # (the locks are on bytes, not on the content)
+    _HELD.append(fd)
+
+
+def holder_of(log_dir):
+    """Who holds `log_dir` as its rank 0 (the line take_log_dir wrote), or None if nobody does."""
+    import fcntl
+    try:
+        fd = os.open(os.path.join(log_dir or "", LOCK), os.O_RDONLY)
+    except OSError:
+        return None
+    with os.fdopen(fd) as f:
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB, 1, 0, os.SEEK_SET)
+        except OSError:
+            return " ".join(f.read().split()) or "another process"
+        fcntl.lockf(fd, fcntl.LOCK_UN, 1, 0, os.SEEK_SET)
+    return None
+
+
+def files_under(folder):
+    return [name for _, _, names in os.walk(folder) for name in names]
+
+
+def note_new_folder(path, fresh=lambda folder: False):
+    """Remember the outermost folder of `path` that does not exist yet (or is `fresh`): if the run
+    fails before any result is in it (nothing but config.json and TensorBoard's events), run_main
+    removes it again, so a failed start leaves no debris."""
     if not path:
         return
     folder, top = os.path.abspath(path), None
-    while not os.path.lexists(folder):
+    while not os.path.lexists(folder) or os.path.isdir(folder) and fresh(folder):
         top, folder = folder, os.path.dirname(folder)
     if top and top not in _CREATED:
         _CREATED.append(top)
@@ -52,8 +109,8 @@ def _holds_results(folder):
     """A result: anything but the run's config, a half-written temporary file, or TensorBoard's
     events (step losses are written before the first epoch ends)."""
     skipped = (".tmp-", "events.out.tfevents.")
-    return any(name != "config.json" and not name.startswith(skipped)
-               for _, _, files in os.walk(folder) for name in files)
+    return any(name not in ("config.json", LOCK) and not name.startswith(skipped)
+               for name in files_under(folder))
 
 
 def remove_debris():
