@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from support import (
+    BIN,
     DDP,
     DS,
     HVD_KERAS,
@@ -250,6 +251,22 @@ def test_a_master_port_in_use_is_one_line_on_rank_0_that_names_it(tmp_path):
     assert "Traceback" not in result.stderr
     assert_log_dir_sound(tmp_path / "log")
     print(f"\n{said[0]}")
+
+
+def test_a_port_in_use_ends_torchrun_itself_and_standalone_picks_a_free_one(tmp_path):
+    """Under torchrun the port is the launcher's: a port in use ends torchrun in its own traceback, before any
+    rank (diagnose/hangs.md says so); the advice there, `--standalone`, runs with the same port still held."""
+    from utils.dist import free_port
+    port, short = free_port(), [DDP, "--epochs", "1", "--max-steps", "1", "--num-threads", "1"]
+    with socket.socket() as held:
+        held.bind(("0.0.0.0", port))
+        held.listen()
+        taken = run([BIN / "torchrun", "--nproc_per_node", "1", "--master_port", port, *short, "--log-dir",
+                     tmp_path / "taken"], timeout=120)
+        assert taken.returncode != 0 and "EADDRINUSE" in taken.stderr, taken.stderr[-3000:]
+        assert not (tmp_path / "taken").exists()  # no rank started
+        check(run([BIN / "torchrun", "--standalone", "--nproc_per_node", "1", *short, "--log-dir",
+                   tmp_path / "standalone"], timeout=120))
 
 
 def test_free_ports_come_from_below_the_ephemeral_range():
