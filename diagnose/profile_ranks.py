@@ -28,6 +28,12 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# torch.profiler's C++ side (kineto) writes "USDT: ... profiler_start" and "profiler_stop" lines,
+# and on a machine without an NVIDIA GPU "ERROR: ... gpuGetDeviceCount failed with code 35" (no
+# CUDA device: harmless, the trace is the CPU's). Level 6 is none of its lines; COURSE_VERBOSE=1,
+# or a KINETO_LOG_LEVEL of your own, shows them.
+if os.environ.get("COURSE_VERBOSE", "").strip().lower() in ("", "0", "false", "no"):
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
 # After site-packages: `import horovod` and `import deepspeed` stay the libraries.
 sys.path.append(str(ROOT))
 
