@@ -127,7 +127,11 @@ else
     echo "using cached wheel $(ls "$WHEEL_DIR")"
   fi
   "${PIP[@]}" install --progress-bar off --force-reinstall --no-deps "$WHEEL_DIR"/horovod-*.whl
-  "$PY" -c 'import horovod.torch, horovod.tensorflow'
+  # (TensorFlow writes absl's and oneDNN's start-up lines from C++ whatever TF_CPP_MIN_LOG_LEVEL says: dropped)
+  imported=$("$PY" -c 'import horovod.torch, horovod.tensorflow' 2>&1) || { echo "$imported" >&2; false; }
+  if [[ -n "$imported" ]]; then
+    grep -Ev 'absl::InitializeLog|oneDNN custom operations are on' <<< "$imported" >&2 || true
+  fi
   echo "$HVD_KEY" > "$VENV/.stamp-horovod"
 fi
 
