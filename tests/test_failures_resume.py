@@ -133,3 +133,31 @@ def test_parse_changes_no_value_and_the_helpers_decide_whether_to_resume(tmp_pat
     assert finished_already(args) is True
     assert "has finished 2 of 2 epoch(s) already: nothing left to do" in capsys.readouterr().out
     assert args.resume == "auto"
+
+
+def test_a_resume_remembers_the_saved_runs_flags_and_says_which(tmp_path, tiny):
+    """What the interrupt line says (`--resume auto --log-dir DIR`) continues the run as it was started: --epochs 3
+    (not the default 2), its --lr and --max-steps, from its config.json; a flag given anew wins and is named."""
+    flags = ["--epochs", "3", "--max-steps", "3", "--lr", "0.02", "--num-threads", "1", "--data-dir", tiny]
+    stopped = run(python(DDP, *flags, "--log-dir", tmp_path), timeout=120, env={"COURSE_FAIL_AT": "0:2:1"})
+    assert stopped.returncode == 3 and [m["epoch"] for m in metrics(tmp_path)] == [1], stopped.stderr[-3000:]
+    resumed = check(run(python(DDP, "--resume", "auto", "--log-dir", tmp_path, "--data-dir", tiny,
+                               "--log-interval", "1"), timeout=120))
+    said = [line for line in resumed.stdout.splitlines() if line.startswith("--resume: the saved run's flags")]
+    assert said == [f"--resume: the saved run's flags ({tmp_path / 'config.json'}), kept: --epochs 3 --lr 0.02 "
+                    "--max-steps 3; given anew: --log-interval 1 (was 10)"], resumed.stdout
+    history = metrics(tmp_path)
+    assert [m["epoch"] for m in history] == [1, 2, 3] and {m["lr"] for m in history} == {0.02}
+    assert "epoch 3 step 3/3" in resumed.stdout  # --max-steps 3 kept, and --log-interval 1 taken
+
+
+def test_a_resume_refuses_another_zero_stage_naming_both(tmp_path, shared_run):
+    import shutil
+
+    from support import QUICK
+    written, _ = shared_run(DS, "torchrun", [*QUICK, "--zero-stage", "3"])  # tests/test_deepspeed.py's run
+    shutil.copytree(written, tmp_path / "run")
+    result = run(python(DS, "--zero-stage", "2", "--resume", "--log-dir", tmp_path / "run"), timeout=120)
+    assert result.returncode == 2 and error_lines(result.stderr) == [
+        f"error: --zero-stage 2: the checkpoint in {tmp_path / 'run'} was written with --zero-stage 3, which a "
+        "resume cannot change"], result.stderr[-3000:]

@@ -2,6 +2,7 @@
 process group exists: paths that cannot be used, an impossible device or backend, --resume without
 a checkpoint. utils/parse_args.py's types check single values; this checks what they cannot.
 """
+import json
 import os
 import sys
 import tempfile
@@ -55,6 +56,56 @@ def take_log_dir(args):
     is refused on every rank, naming the holder, while the first one runs."""
     if getattr(args, "log_dir", None):
         take_log_dir_of(args.log_dir, discover().rank, " ".join(sys.argv))
+
+
+# Not taken from the saved run: where its files are, and what this machine decides (the run's
+# config.json holds the device, backend and threads each rank resolved, not the flags).
+NOT_REMEMBERED = {"resume", "log_dir", "download", "device", "backend", "num_threads", "local_rank",
+                  "dist_timeout", "log_all_ranks"}
+FIXED = {"zero_stage"}  # what a checkpoint cannot change: its ZeRO stage decides how it is sliced
+
+
+def remember_flags(args, parser, argv=None):
+    """--resume continues the saved run (its config.json): every flag not given anew takes the saved
+    value; rank 0 says in one line which flags came from the saved run and which given anew differ
+    from it. A flag the checkpoint cannot change (FIXED), given anew with another value, is one line
+    naming both, exit 2."""
+    if not getattr(args, "resume", False) or not getattr(args, "log_dir", None):
+        return
+    try:
+        with open(os.path.join(args.log_dir, "config.json")) as f:
+            saved = json.load(f)
+    except (OSError, ValueError):
+        return  # nothing saved (or --resume auto on a new folder): the flags as given
+    given, names = set(), {}
+    for action in parser._actions:
+        for option in action.option_strings:
+            names.setdefault(action.dest, option)
+    argv = sys.argv[1:] if argv is None else argv
+    tokens = [t.split("=", 1)[0] for t in argv if t.startswith("-")]
+    for action in parser._actions:
+        if any(t in action.option_strings for t in tokens):
+            given.add(action.dest)
+
+    def show(dest, value):
+        return (names[dest] if value else f"no {names[dest]}") if isinstance(value, bool) else \
+            f"{names[dest]} {value}"
+    kept, changed = [], []
+    for dest, value in sorted(vars(args).items()):
+        if dest in NOT_REMEMBERED or dest not in saved or dest not in names or saved[dest] == value:
+            continue
+        if dest in given and dest in FIXED:
+            fail(f"{names[dest]} {value}: the checkpoint in {args.log_dir} was written with "
+                 f"{names[dest]} {saved[dest]}, which a resume cannot change")
+        if dest in given:
+            changed.append(f"{show(dest, value)} (was {saved[dest]})")
+        else:
+            setattr(args, dest, saved[dest])
+            kept.append(show(dest, saved[dest]))
+    if (kept or changed) and discover().rank == 0:
+        print(f"--resume: the saved run's flags ({os.path.join(args.log_dir, 'config.json')})"
+              + (f", kept: {' '.join(kept)}" if kept else "")
+              + (f"; given anew: {', '.join(changed)}" if changed else ""), flush=True)
 
 
 def checkpoint_exists(args):

@@ -77,6 +77,7 @@ def run_main(main, parser):
     def checked_main():
         args = checks.parse(parser)
         checks.take_log_dir(args)  # one run per folder: a second one on it is refused
+        checks.remember_flags(args, parser)  # --resume: the saved run's flags, unless given anew
         _before_main(args)
         if not checks.finished_already(args):
             checks.resume_check(args)
