@@ -7,13 +7,12 @@ import os
 import sys
 import tempfile
 
-from utils import log, parse_args, seal
+from utils import log, parse_args, runfiles, seal
 from utils.dist import backend_problem, cores, device_problem, discover
 from utils.errors import fail, record_for_torchrun
 from utils.failures import note_args
 from utils.log import checkpoint_folder
 from utils.runfiles import epochs_done, has_checkpoint, note_default_log_dir, note_new_folder
-from utils.runfiles import take_log_dir as take_log_dir_of
 
 
 def _recorded_error(parser):
@@ -55,7 +54,7 @@ def take_log_dir(args):
     """Every rank takes --log-dir for this run (utils/runfiles.py): a second run on the same folder
     is refused on every rank, naming the holder, while the first one runs."""
     if getattr(args, "log_dir", None):
-        take_log_dir_of(args.log_dir, discover().rank, " ".join(sys.argv))
+        runfiles.take_log_dir(args.log_dir, discover().rank, " ".join(sys.argv))
 
 
 # Not taken from the saved run: where its files are, and what this machine decides (the run's
@@ -77,15 +76,12 @@ def remember_flags(args, parser, argv=None):
             saved = json.load(f)
     except (OSError, ValueError):
         return  # nothing saved (or --resume auto on a new folder): the flags as given
-    given, names = set(), {}
-    for action in parser._actions:
-        for option in action.option_strings:
-            names.setdefault(action.dest, option)
     argv = sys.argv[1:] if argv is None else argv
-    tokens = [t.split("=", 1)[0] for t in argv if t.startswith("-")]
-    for action in parser._actions:
-        if any(t in action.option_strings for t in tokens):
-            given.add(action.dest)
+    tokens = {t.split("=", 1)[0] for t in argv}  # (the parser takes no abbreviations)
+    names = {}  # dest -> its flag; given: the dests on this command line
+    for action in reversed([a for a in parser._actions if a.option_strings]):
+        names[action.dest] = action.option_strings[0]
+    given = {a.dest for a in parser._actions if tokens & set(a.option_strings)}
 
     def show(dest, value):
         return (names[dest] if value else f"no {names[dest]}") if isinstance(value, bool) else \
