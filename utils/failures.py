@@ -11,7 +11,7 @@ import os
 import sys
 import time
 
-from utils import log, watch
+from utils import beacon, log, watch
 from utils.data import DataError
 from utils.errors import NonFiniteLoss, UserError, fail, say
 from utils.runfiles import chosen_log_dir, epochs_done, has_checkpoint, holder_of, remove_debris
@@ -140,12 +140,17 @@ def _peer_line(exc):
                   f"{timeout} s (--dist-timeout)" if timeout else "")
         # gloo names the rank
         absent = re.search(r"Rank (\d+) failed to pass monitoredBarrier", str(exc))
-        who = (f"rank {absent.group(1)}, which never arrived" if absent else
+        named = None if absent else beacon.absent(rank)  # the ranks' keys in the store
+        who = (f"rank {absent.group(1)}, which never arrived" if absent else named or
                "a rank that never joined it")
         return (f"rank {rank} waited {waited} {call}{_where()} for {who} "
                 f"(hung, stopped or elsewhere); "
                 f"next: while it hangs, `python diagnose/stacks.py` shows where every rank is "
                 f"({HANGS_PAGE}) [{detail}]")
+    if named := beacon.absent(rank):  # a rank that gave up waiting for a silent one has left
+        return (f"rank {rank} lost contact with another rank {call}{_where()}: the ranks gave up "
+                f"waiting for {named} (hung, stopped or elsewhere); next: while it hangs, `python "
+                f"diagnose/stacks.py` shows where every rank is ({HANGS_PAGE}) [{detail}]")
     return (f"rank {rank} lost contact with another rank {call}{_where()} (it died, or hung past "
             f"the collective timeout): {detail}")
 
@@ -177,7 +182,14 @@ def run_main(main):
         raise
     except BaseException as exc:
         # A signal from here on (the launcher's SIGTERM after a peer died) is noted, not raised.
-        signum = interrupts.ending()
+        try:
+            signum = interrupts.ending()
+        except interrupts.Interrupted:  # it came as this failure began: the launcher's reaction
+            interrupts.ending()  # (a second one is ignored: the handler keeps the first only)
+            signum = None
+        late = exc.__context__ if isinstance(exc, interrupts.Interrupted) else None
+        if late is not None and is_peer_failure(late):  # the launcher's SIGTERM, raised while a
+            exc, signum = late, None  # lost peer's error unwound: that error is the line to print
         if signum is None and isinstance(exc, KeyboardInterrupt):
             signum = 2
         # stopped on purpose; a peer error after it is the same stop seen later
@@ -249,4 +261,5 @@ def _quit(line, code, prefix="error"):
     remove_private_tmp()  # (os._exit runs no atexit hook)
     sys.stdout.flush()
     say(line, prefix)
+    beacon.linger(_rank())  # rank 0 holding the store: until the others have read it
     os._exit(code)

@@ -24,6 +24,9 @@ What goes, and why it teaches nothing on the course's machines:
   - DeepSpeed's "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable
     to detect it." on a machine without GPUs, once per rank: each lesson's first line already says
     `device cpu`;
+  - while a rank joins its process group (utils/plumbing.py wraps init_process_group): c10d's
+    lines from C++ for each failed try to reach the store, with the C++ frames of the exception
+    (about 20 lines a try) when no rank 0 listens: the rank's one line says so, with the address;
   - torch's "No CUDA runtime is found, using CUDA_HOME=..." of every rank, when DeepSpeed loads its
     compiled CPU Adam (`--offload`) on a machine with a CUDA toolkit and no GPU.
 
@@ -46,6 +49,12 @@ VERBOSE_VARIABLE = "COURSE_VERBOSE"
 TF_IMPORT_NOISE = (r"^WARNING: All log messages before absl::InitializeLog\(\) is called are "
                    r"written to STDERR"
                    r"|\] oneDNN custom operations are on\.")
+# What c10d writes from C++ while a rank connects to the store and cannot: each retry and the last
+# try as a line with the C++ frames of the exception (~20 lines), when failures.py says the same
+# in one line ("found no rank 0 at ADDR:PORT").
+C10D_CONNECT_NOISE = (r"^frame #\d+: |^Exception raised from |^<omitting python frames>|^\s*$"
+                      r"|\[c10d\] The client socket has timed out after"
+                      r"|\[c10d\] TCP client failed to connect/validate")
 # Python warnings: (regular expression matched at the start of the message, category).
 WARNINGS = [(r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated",
              FutureWarning),
@@ -156,13 +165,16 @@ except OSError:
 
 
 @contextlib.contextmanager
-def filtered_stderr(pattern):
+def filtered_stderr(pattern, unless_verbose=False):
     """While the block runs, whatever is written to file descriptor 2 (by C++ code too, which
     sys.stderr does not see) goes through a small filter process that drops the lines matching
     `pattern`. A separate process, not a thread or a file: should this process die inside the block
     (say TensorFlow aborting on a CPU it was not built for), what it wrote up to then still comes
     out. Where anything fails, the block runs unfiltered."""
     saved = proc = None
+    if unless_verbose and verbose():
+        yield
+        return
     try:
         sys.stderr.flush()
         saved = os.dup(2)

@@ -11,6 +11,7 @@ from utils.errors import NonFiniteLoss
 
 POSITION = {}  # epoch, step, total, at: the last training step this rank finished
 RUN_DIR = []  # the folder of this process's RunLog
+MOVED = []  # called at each step (utils/beacon.py: the rank's key in the store follows)
 
 
 def install(log):
@@ -22,6 +23,8 @@ def install(log):
     class Progress(log.Progress):
         def update(self, step, loss):
             POSITION.update(epoch=self.epoch, step=step, total=self.total, at=time.monotonic())
+            for moved in MOVED:
+                moved()
             if loss is not None and not math.isfinite(loss):  # stop before a checkpoint is written
                 raise NonFiniteLoss(loss, self.epoch, step, self.total)
             printed = super().update(step, loss)

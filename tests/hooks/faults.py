@@ -27,6 +27,8 @@ COURSE_PLANT=<bug>[:<rank>:<epoch>:<step>]   (default rank 1, epoch 1, step 3; f
     stop              that rank stops itself (SIGSTOP): alive, silent, like a hung node
     die-early         that rank exits (code 3) right after joining the process group, before any collective
                       (the given epoch and step are ignored)
+    stop-early        that rank stops itself (SIGSTOP) right after joining the process group (epoch and step
+                      ignored)
     no-set-epoch      DistributedSampler.set_epoch does nothing: no hang, but every epoch repeats the first
                       epoch's order (the data-order check below shows it)
 COURSE_MONITOR=<seconds>
@@ -87,7 +89,7 @@ def _plant():
     if not spec or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
         return None
     bug, *numbers = spec.split(":")
-    rank, epoch, step = [int(n) for n in numbers] if numbers else (1, 1, 3)
+    rank, epoch, step = [int(n) for n in numbers] + [1, 1, 3][len(numbers):]
     return bug, rank, epoch, step
 
 
@@ -115,16 +117,20 @@ def _fire(plant, rank, epoch, step):
         dist.all_reduce(torch.zeros(rank + 2))
     elif bug == "stop" and rank == who:
         print(f"COURSE_PLANT: rank {rank} stops itself (SIGSTOP) at epoch {epoch} step {step}", flush=True)
+        time.sleep(0.5)  # as a rank that hangs in its next call would: not within microseconds of its step
         os.kill(os.getpid(), signal.SIGSTOP)
 
 
 def _install_plants(log):
     plant = _plant()
-    if plant and plant[0] == "die-early":
+    if plant and plant[0] in ("die-early", "stop-early"):
         configure = log.configure
 
         def configure_and_maybe_die(rank, *args, **kwargs):  # lessons call it right after joining the group
-            if rank == plant[1]:
+            if rank == plant[1] and plant[0] == "stop-early":
+                print(f"COURSE_PLANT: rank {rank} stops itself (SIGSTOP) after joining the group", flush=True)
+                os.kill(os.getpid(), signal.SIGSTOP)
+            elif rank == plant[1]:
                 print(f"COURSE_PLANT: rank {rank} exits before its first collective", flush=True)
                 os._exit(3)
             return configure(rank, *args, **kwargs)
