@@ -1,8 +1,9 @@
 """Course plumbing: where every rank is, readable by the others, so that a rank that gave up waiting
 in a collective can name the ranks that never came, and the last step each reported.
 
-Each rank of a torch.distributed run keeps a key in the run's rendezvous store (the TCPStore at
-MASTER_ADDR:MASTER_PORT: torchrun's agent holds it, else rank 0's process): its last training step
+Each rank keeps a key in the run's own store: torch.distributed's TCPStore at
+MASTER_ADDR:MASTER_PORT (torchrun's agent holds it, else rank 0's process), or, for the Horovod
+lessons, `horovodrun --gloo`'s rendezvous server. The key holds its last training step
 (utils/watch.POSITION), its host and pid, and the time. A thread of its own writes it when the step
 changes and at least once a second, so the key stays fresh while the rank waits in a collective
 (the wait releases the interpreter) and goes stale when the rank is stopped, hung in a loop that
@@ -10,8 +11,7 @@ holds the interpreter, or dead. The thread has its own connection to the store: 
 the lesson's.
 
 PyTorch's Flight Recorder does this for NCCL (TORCH_NCCL_TRACE_BUFFER_SIZE, diagnose/hangs.md);
-for gloo the course does it itself. Horovod's lessons have no such store: Horovod's own stall check
-names the missing ranks there.
+for gloo the course does it itself. Horovod under mpiexec has no store: stacks.py is the way there.
 """
 import contextlib
 import json
@@ -153,13 +153,14 @@ def absent(me):
     with contextlib.suppress(Exception):
         store.put(_key(me, "read"), "1")  # (rank 0 holding the store waits for it: linger())
     now, mine = time.time(), dict(watch.POSITION)
-    _READ[:] = [(store, [r for r, p in seen.items() if now - p["time"] <= SILENT_S])]
+    age = {r: now - p["time"] for r, p in seen.items()}
+    silent = {r: a for r, a in age.items() if a > SILENT_S}
+    _READ[:] = [(store, [r for r in seen if r not in silent])]
 
     def order(p):
         return (p.get("epoch") or 0, p.get("step") or 0)
 
     never = [r for r in keys if r not in seen]
-    silent = {r: now - p["time"] for r, p in seen.items() if now - p["time"] > SILENT_S}
     behind = [r for r, p in seen.items() if r not in silent and order(p) < order(mine)]
 
     def who(r, p, state):

@@ -128,6 +128,8 @@ def _peer_line(exc):
     what, where = _waited_where(exc)
     call = f"in {what} at {where} " if where else ""
     rank = _rank()
+    hung = (f"(hung, stopped or elsewhere); next: while it hangs, `python diagnose/stacks.py` "
+            f"shows where every rank is ({HANGS_PAGE}) [{detail}]")
     timeout = getattr(_ARGS[0] if _ARGS else None, "dist_timeout", None)
     # Horovod reports a gloo timeout only as "Horovod has been shut down": the time since the last
     # step says it
@@ -143,14 +145,10 @@ def _peer_line(exc):
         named = None if absent else beacon.absent(rank)  # the ranks' keys in the store
         who = (f"rank {absent.group(1)}, which never arrived" if absent else named or
                "a rank that never joined it")
-        return (f"rank {rank} waited {waited} {call}{_where()} for {who} "
-                f"(hung, stopped or elsewhere); "
-                f"next: while it hangs, `python diagnose/stacks.py` shows where every rank is "
-                f"({HANGS_PAGE}) [{detail}]")
+        return f"rank {rank} waited {waited} {call}{_where()} for {who} {hung}"
     if named := beacon.absent(rank):  # a rank that gave up waiting for a silent one has left
         return (f"rank {rank} lost contact with another rank {call}{_where()}: the ranks gave up "
-                f"waiting for {named} (hung, stopped or elsewhere); next: while it hangs, `python "
-                f"diagnose/stacks.py` shows where every rank is ({HANGS_PAGE}) [{detail}]")
+                f"waiting for {named} {hung}")
     return (f"rank {rank} lost contact with another rank {call}{_where()} (it died, or hung past "
             f"the collective timeout): {detail}")
 

@@ -6,6 +6,7 @@ import (commented as plumbing) and runs the same without it, as a copy in anothe
 - run_main(main, parser) checks every flag (utils/checks.py: paths, device, backend, --resume), then
   calls main(args) and ends every way it can go wrong in one line (utils/failures.py).
 """
+import contextlib
 import functools
 import importlib.abc
 import importlib.metadata
@@ -92,50 +93,38 @@ def _before_main(args):
     and deepspeed.initialize wrapped (utils/ds_guard.py)."""
     from utils.dist import discover, warn_shared_cores
     warn_shared_cores(discover().local_world_size)
-    if "torch.distributed" in sys.modules:
-        _watch_the_group(sys.modules["torch.distributed"])
+    if dist := sys.modules.get("torch.distributed"):
+        c10d = sys.modules["torch.distributed.distributed_c10d"]  # (device meshes call it there)
+        _watch_joining(dist, "init_process_group", lambda: (dist.get_rank(), dist.get_world_size()),
+                       quiet.C10D_CONNECT_NOISE, also=[c10d])
     for name in ("horovod.torch", "horovod.tensorflow", "horovod.tensorflow.keras"):
-        if name in sys.modules:
-            _watch_horovod(sys.modules[name])
+        if hvd := sys.modules.get(name):
+            _watch_joining(hvd, "init", lambda hvd=hvd: (hvd.rank(), hvd.size()))
     if "deepspeed" in sys.modules:
         from utils import ds_guard
         ds_guard.install(args)
 
 
-def _watch_the_group(dist):
-    """init_process_group, wherever it is called from (a lesson, DeepSpeed, a device mesh): c10d's
-    C++ frame dumps while it connects are dropped (a rank that finds no rank 0 says so in one
-    line: utils/failures.py), and once joined the rank's position is kept in the store
-    (utils/beacon.py)."""
-    from torch.distributed import distributed_c10d as c10d
-    init = dist.init_process_group
-    if getattr(init, "watched", False):
+def _watch_joining(module, name, rank_and_size, noise=None, also=()):
+    """module.<name> (torch.distributed.init_process_group, hvd.init), wherever it is called from
+    (a lesson, DeepSpeed, a device mesh): the stderr lines matching `noise` dropped while it runs,
+    unless COURSE_VERBOSE (c10d's C++ frame dumps while a rank finds no rank 0: utils/failures.py
+    says so in one line), and once joined the rank's position kept in the store (utils/beacon.py).
+    `also`: other modules that hold the same function under the same name."""
+    join = getattr(module, name)
+    if getattr(join, "watched", False):
         return
 
-    @functools.wraps(init)
-    def init_process_group(*args, **kwargs):
-        with quiet.filtered_stderr(quiet.C10D_CONNECT_NOISE, unless_verbose=True):
-            result = init(*args, **kwargs)
-        beacon.start(dist.get_rank(), dist.get_world_size())
+    @functools.wraps(join)
+    def watched(*args, **kwargs):
+        quiet_now = noise and not quiet.verbose()
+        with quiet.filtered_stderr(noise) if quiet_now else contextlib.nullcontext():
+            result = join(*args, **kwargs)
+        beacon.start(*rank_and_size())
         return result
-    init_process_group.watched = True
-    dist.init_process_group = c10d.init_process_group = init_process_group
-
-
-def _watch_horovod(hvd):
-    """hvd.init(): once joined, the rank's position is kept in horovodrun's store
-    (utils/beacon.py)."""
-    init = hvd.init
-    if getattr(init, "watched", False):
-        return
-
-    @functools.wraps(init)
-    def watched_init(*args, **kwargs):
-        result = init(*args, **kwargs)
-        beacon.start(hvd.rank(), hvd.size())
-        return result
-    watched_init.watched = True
-    hvd.init = watched_init
+    watched.watched = True
+    for owner in (module, *also):
+        setattr(owner, name, watched)
 
 
 install()

@@ -165,16 +165,13 @@ except OSError:
 
 
 @contextlib.contextmanager
-def filtered_stderr(pattern, unless_verbose=False):
+def filtered_stderr(pattern):
     """While the block runs, whatever is written to file descriptor 2 (by C++ code too, which
     sys.stderr does not see) goes through a small filter process that drops the lines matching
     `pattern`. A separate process, not a thread or a file: should this process die inside the block
     (say TensorFlow aborting on a CPU it was not built for), what it wrote up to then still comes
     out. Where anything fails, the block runs unfiltered."""
     saved = proc = None
-    if unless_verbose and verbose():
-        yield
-        return
     try:
         sys.stderr.flush()
         saved = os.dup(2)
