@@ -81,10 +81,11 @@ has_mnist() {
   [[ -f "$1/mnist.npz" ]] || compgen -G "$1/train-images-idx3-ubyte*" > /dev/null ||
     compgen -G "$1/MNIST/raw/train-images-idx3-ubyte*" > /dev/null
 }
-check_data() {
-  has_mnist "$DATA_DIR" && return 0
+check_data() {  # (with --download the ranks fetch it: DOWNLOADS=1)
+  has_mnist "$DATA_DIR" || [[ "${DOWNLOADS:-0}" == 1 ]] && return 0
   local why="no MNIST in DATA_DIR=$DATA_DIR: once, on a login node (it has internet):"
-  why+=" python3 $REPO_DIR/tools/get_data.py $DATA_DIR (or qsub -v DATA_DIR=<your MNIST folder>)"
+  why+=" python3 $REPO_DIR/tools/get_data.py $DATA_DIR (or qsub -v DATA_DIR=<your MNIST folder>;"
+  why+=" or TRAIN_ARGS=--download: the job fetches it, through the proxy)"
   if [[ "${DRY_RUN:-0}" == 1 ]]; then echo "dry run: $why" >&2; else fail "$why"; fi
 }
 ranks_to_run() {

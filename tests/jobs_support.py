@@ -285,7 +285,7 @@ def threads(machine, ranks_per_node, cpus=None):
     """The threads per rank a script sets (OMP_NUM_THREADS, and --num-threads for the examples)."""
     if machine == "local":
         return max(1, len(os.sched_getaffinity(0)) // ranks_per_node)
-    return {"aurora": 8, "polaris": 32 // ranks_per_node, "sophia": 16}.get(machine) or max(
+    return {"aurora": 4, "polaris": 32 // ranks_per_node, "sophia": 16}.get(machine) or max(
         1, cpus // ranks_per_node
     )
 

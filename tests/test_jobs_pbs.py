@@ -7,6 +7,7 @@ printed launch line must be the one written in the script's text, with its varia
 
 import re
 import socket
+import sys
 from pathlib import Path
 
 import pytest
@@ -33,9 +34,8 @@ from jobs_support import (
 )
 from support import BIN, ROOT, check, metrics, run
 
-# Aurora's --cpu-bind list (ALCF's running-jobs page): 8 cores per rank, cores 0 and 52 left to the
-# system.
-AURORA_LIST = "list:1-8:9-16:17-24:25-32:33-40:41-48:53-60:61-68:69-76:77-84:85-92:93-100"
+# Aurora's --cpu-bind list (ALCF's PyTorch guide): 4 cores per rank, and oneCCL's worker cores apart.
+AURORA_LIST = "list:4-7:8-11:12-15:16-19:20-23:24-27:56-59:60-63:64-67:68-71:72-75:76-79"
 AURORA_CCL = [
     "CCL_PROCESS_LAUNCHER=pmix",
     "CCL_ATL_TRANSPORT=mpi",
@@ -98,9 +98,15 @@ def test_dry_run_plans_every_gpu_with_the_scripts_own_launch_line(tmp_path, mach
     )
     assert f"# ddp on {total} rank(s) = {nodes} node(s) x {rpn}," in out
     if machine == "aurora":  # the guide's oneCCL settings; the connection timeout only across nodes
-        assert set(AURORA_CCL + ["ZE_FLAT_DEVICE_HIERARCHY=FLAT", "OMP_NUM_THREADS=8"]) <= set(
+        assert set(AURORA_CCL + ["ZE_FLAT_DEVICE_HIERARCHY=FLAT", "OMP_NUM_THREADS=4"]) <= set(
             exports(out)
         )
+        # each rank's oneCCL worker thread gets a core of its own, outside every rank's compute cores
+        (affinity,) = [e.split("=")[1] for e in exports(out) if e.startswith("CCL_WORKER_AFFINITY=")]
+        workers = [int(core) for core in affinity.split(",")]
+        bound = {core for part in words[words.index("--cpu-bind") + 1].removeprefix("list:").split(":")
+                 for core in range(int(part.split("-")[0]), int(part.split("-")[-1]) + 1)}
+        assert len(set(workers)) == rpn and not set(workers) & bound, (workers, sorted(bound))
         assert ("CCL_KVS_CONNECTION_TIMEOUT=300" in exports(out)) == (nodes > 1)
     if machine == "polaris":  # the NCCL settings are opt-in
         assert not [e for e in exports(out) if e.startswith(("NCCL_", "FI_"))], out
@@ -581,3 +587,46 @@ def test_a_job_reads_the_data_folder_that_get_data_made(tmp_path):
     assert f"MNIST from Keras npz {folder}/mnist.npz: 4000 train / 1000 test digits" in out
     (words,) = launches(out, "polaris")
     assert words[words.index("--data-dir") + 1] == str(folder)
+
+
+@pytest.mark.parametrize("machine", PBS)
+def test_download_in_the_job_goes_through_the_proxy_and_needs_no_data_folder(tmp_path, machine):
+    """--download: the ranks fetch MNIST into DATA_DIR themselves, through ALCF's proxy (the compute
+    nodes' only way out), so an empty DATA_DIR is no reason to stop; without it, no proxy is set."""
+    missing, proxy = tmp_path / "no-mnist-yet", "http://proxy.alcf.anl.gov:3128"
+    result, _ = job(machine, tmp_path, 1, DRY_RUN="1", DATA_DIR=str(missing), TRAIN_ARGS="--download")
+    assert check(result).stderr == ""  # no "no MNIST in DATA_DIR" line
+    assert {f"{name}={proxy}" for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")} <= set(
+        exports(result.stdout))
+    (words,) = launches(result.stdout, machine)
+    assert words[-3:] == ["--data-dir", str(missing), "--download"], words
+    plain, _ = job(machine, tmp_path, 1, DRY_RUN="1")
+    assert not [e for e in exports(check(plain).stdout) if "proxy" in e.lower()]
+
+
+def make_venv(folder, system_site_packages, own_torch=False):
+    base = getattr(sys, "_base_executable", sys.executable)
+    check(run([base, "-m", "venv", "--without-pip", folder,
+               *(["--system-site-packages"] if system_site_packages else [])], timeout=120))
+    if own_torch:  # a torch pip put into the venv itself, ahead of the module's
+        (site,) = (folder / "lib").glob("python3*/site-packages")
+        (site / "torch").mkdir()
+        (site / "torch" / "__init__.py").write_text("")
+    return folder
+
+
+@pytest.mark.parametrize("machine", PBS)
+def test_a_venv_for_extras_sits_on_top_of_the_module_and_never_hides_its_torch(tmp_path, machine):
+    """VENV (pure-Python extras the module lacks) is activated right after the module and its import
+    check; a venv made without --system-site-packages, or holding a torch of its own, is one line."""
+    good = make_venv(tmp_path / "extras", system_site_packages=True)
+    result, _ = job(machine, tmp_path, 1, DRY_RUN="1", VENV=str(good))
+    commands = [" ".join(words) for words in printed(check(result).stdout)]
+    assert commands[len(SETUP[machine])] == f"source {good}/bin/activate", commands
+    for venv, words in ((make_venv(tmp_path / "isolated", system_site_packages=False),
+                         "is not a venv made with --system-site-packages"),
+                        (make_venv(tmp_path / "own", True, own_torch=True), "has a torch of its own")):
+        result, _ = job(machine, tmp_path, 1, VENV=str(venv))
+        (line,) = result.stderr.splitlines()
+        assert result.returncode != 0 and line.startswith(f"error: VENV={venv} ") and words in line, line
+        assert not shim_launches(tmp_path)

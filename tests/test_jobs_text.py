@@ -127,7 +127,7 @@ def test_the_launch_line_is_written_as_the_guides_write_it(machine):
         (bind,) = re.findall(
             r"^CPU_BIND=(\S+)", (SUB / "aurora" / "train.sh").read_text(), re.MULTILINE
         )
-        assert bind == "list:1-8:9-16:17-24:25-32:33-40:41-48:53-60:61-68:69-76:77-84:85-92:93-100"
+        assert bind == "list:4-7:8-11:12-15:16-19:20-23:24-27:56-59:60-63:64-67:68-71:72-75:76-79"
 
 
 def hours(walltime):

@@ -74,6 +74,14 @@ set -- "${TRAIN_ARGS[@]}" "$@"
 MODULE=${MODULE:-frameworks/2025.3.1}  # the version ALCF's PyTorch guide shows (read 2026-11-27)
 step module load "$MODULE"
 refuse_laptop_venv aurora
+# pure-Python extras the module lacks (tensorboardX, mlxtend): VENV, a venv on top of the module,
+# made with --system-site-packages (ALCF's python.md): torch and MPI stay the module's
+if [[ -n "${VENV:-}" ]]; then
+  grep -qs "^include-system-site-packages = true" "$VENV/pyvenv.cfg" ||
+    fail "VENV=$VENV is not a venv made with --system-site-packages: after 'module load $MODULE'," \
+      "python -m venv --system-site-packages $VENV (submissions/README.md)"
+  step source "$VENV/bin/activate"
+fi
 # a module that loads nothing can exit 0 (ezpz's utils.sh): check that python has what the job needs
 case "$EXAMPLE" in
   horovod-pytorch) NEEDS=torch,horovod.torch ;;
@@ -84,19 +92,34 @@ esac
 [[ "${DRY_RUN:-0}" == 1 ]] || python -c "import $NEEDS" 2> /dev/null ||
   fail "python cannot import $NEEDS after 'module load $MODULE': see 'module avail ${MODULE%%/*}'" \
     "and pass another with qsub -v MODULE=..."
+[[ "${DRY_RUN:-0}" == 1 || -z "${VENV:-}" ]] ||
+  ! python -c "import ${NEEDS%%,*} as m; print(m.__file__)" 2> /dev/null | grep -q "^$VENV/" ||
+  fail "VENV=$VENV has a ${NEEDS%%,*} of its own, which hides the module's: install only" \
+    "pure-Python extras there (pip install tensorboardX mlxtend)"
 
 # --- data: the compute nodes have no internet (only a proxy); MNIST goes there once, from a login
 # node: python3 tools/get_data.py DIR (submissions/README.md); the examples read it with --data-dir
 DATA_DIR=${DATA_DIR-${REPO_DIR:+$REPO_DIR/data}}
+# or --download fetches it in the job, through ALCF's proxy (Polaris' getting-started page, read
+# 2026-11-28): the compute nodes' only way out
+if [[ " $* " == *" --download "* ]]; then
+  DOWNLOADS=1 PROXY=http://proxy.alcf.anl.gov:3128
+  step export HTTP_PROXY="${HTTP_PROXY:-$PROXY}" HTTPS_PROXY="${HTTPS_PROXY:-$PROXY}" \
+    http_proxy="${http_proxy:-$PROXY}" https_proxy="${https_proxy:-$PROXY}"
+fi
 
 # --- ranks: one per GPU tile ----------------------------------------------------------------------
 NNODES=$(nodes_in "$PBS_NODEFILE")
 RANKS_PER_NODE=${RANKS_PER_NODE:-12}     # 6 GPUs x 2 tiles, each tile its own device (FLAT)
 NRANKS=$((NNODES * RANKS_PER_NODE))
-# 8 cores per rank (the running-jobs page): ranks 0-5 on socket 0, 6-11 on socket 1;
-# cores 0 and 52, the first of each socket, stay with the system
-CPU_BIND=list:1-8:9-16:17-24:25-32:33-40:41-48:53-60:61-68:69-76:77-84:85-92:93-100
-step export OMP_NUM_THREADS=8 ZE_FLAT_DEVICE_HIERARCHY=FLAT
+# 4 cores per rank, ranks 0-5 on socket 0 and 6-11 on socket 1, and one more core per rank for its
+# oneCCL worker thread, outside that list (ALCF's PyTorch guide pairs the two, read 2026-11-28;
+# oneCCL's own default cores 42-47 and 94-99 would sit inside a list of 8 cores per rank)
+CPU_BIND=list:4-7:8-11:12-15:16-19:20-23:24-27:56-59:60-63:64-67:68-71:72-75:76-79
+step export OMP_NUM_THREADS=4 ZE_FLAT_DEVICE_HIERARCHY=FLAT
+if ((RANKS_PER_NODE == 12)); then  # (other layouts: oneCCL picks its cores itself)
+  step export CCL_WORKER_AFFINITY=42,43,44,45,46,47,94,95,96,97,98,99
+fi
 
 # --- oneCCL under xccl, as ALCF's PyTorch guide sets it; ranks meet at the first node -------------
 step export CCL_PROCESS_LAUNCHER=pmix CCL_ATL_TRANSPORT=mpi CCL_KVS_MODE=mpi \

@@ -68,6 +68,14 @@ step module use /soft/modulefiles
 step module load "$MODULE"
 step conda activate base
 refuse_laptop_venv sophia
+# pure-Python extras the module lacks (tensorboardX, mlxtend): VENV, a venv on top of the module,
+# made with --system-site-packages (ALCF's python.md): torch and MPI stay the module's
+if [[ -n "${VENV:-}" ]]; then
+  grep -qs "^include-system-site-packages = true" "$VENV/pyvenv.cfg" ||
+    fail "VENV=$VENV is not a venv made with --system-site-packages: after 'module load $MODULE'," \
+      "python -m venv --system-site-packages $VENV (submissions/README.md)"
+  step source "$VENV/bin/activate"
+fi
 # a module that loads nothing can exit 0 (ezpz's utils.sh): check that python has what the job needs
 case "$EXAMPLE" in
   horovod-pytorch) NEEDS=torch,horovod.torch ;;
@@ -78,10 +86,21 @@ esac
 [[ "${DRY_RUN:-0}" == 1 ]] || python -c "import $NEEDS" 2> /dev/null ||
   fail "python cannot import $NEEDS after 'module load $MODULE': see 'module avail ${MODULE%%/*}'" \
     "and pass another with qsub -v MODULE=..."
+[[ "${DRY_RUN:-0}" == 1 || -z "${VENV:-}" ]] ||
+  ! python -c "import ${NEEDS%%,*} as m; print(m.__file__)" 2> /dev/null | grep -q "^$VENV/" ||
+  fail "VENV=$VENV has a ${NEEDS%%,*} of its own, which hides the module's: install only" \
+    "pure-Python extras there (pip install tensorboardX mlxtend)"
 
 # --- data: the compute nodes have no internet (only a proxy); MNIST goes there once, from a login
 # node: python3 tools/get_data.py DIR (submissions/README.md); the examples read it with --data-dir
 DATA_DIR=${DATA_DIR-${REPO_DIR:+$REPO_DIR/data}}
+# or --download fetches it in the job, through ALCF's proxy (Polaris' getting-started page, read
+# 2026-11-28): the compute nodes' only way out
+if [[ " $* " == *" --download "* ]]; then
+  DOWNLOADS=1 PROXY=http://proxy.alcf.anl.gov:3128
+  step export HTTP_PROXY="${HTTP_PROXY:-$PROXY}" HTTPS_PROXY="${HTTPS_PROXY:-$PROXY}" \
+    http_proxy="${http_proxy:-$PROXY}" https_proxy="${https_proxy:-$PROXY}"
+fi
 
 # --- ranks: one per GPU ---------------------------------------------------------------------------
 NNODES=$(nodes_in "$PBS_NODEFILE")      # hosts: a by-gpu job's node file names one per GPU chunk
