@@ -32,7 +32,7 @@ SPLIT = {ROOT / TP, ROOT / PP}  # model parallel: each rank holds other weights,
 # with the course's run), and FSDP2's sharded checkpoint saved at 2 ranks, loaded by one process.
 ZERO_RUNS = [(ROOT / ZERO, "torchrun", "ds3"), (ROOT / ZERO, "mpiexec", "torch-fsdp2"),
              (ROOT / support.FSDP_CKPT, "torchrun", None), (ROOT / support.FSDP_CKPT, "mpiexec", None)]
-LIFTS_OUT = list(LAUNCHED_BY) + [ROOT / ZERO, ROOT / support.FSDP_CKPT]
+LIFTS_OUT = list(LAUNCHED_BY) + [ROOT / ZERO, ROOT / support.FSDP_CKPT, ROOT / "transformer" / "ddp.py"]
 RUNS = [(lesson, launcher) for lesson, launchers in LAUNCHED_BY.items() for launcher in launchers]
 HELPER_LINES = 400  # the helpers a lifted lesson takes along, all together
 OPTIONAL = "plumbing"  # the module a lesson imports in try/except ImportError: not taken along
@@ -157,6 +157,20 @@ def test_a_copy_of_a_zero_script_runs_alone(lifted, lesson, launcher, variant, t
         assert resumed["written_by"] == 2 and resumed["loaded_checksum"] == result["saved_checksum"], resumed
 
 
+def test_a_copy_of_the_transformer_lesson_runs_alone(lifted, shared_run, tmp_path):
+    """The chapter's lesson with its two modules (the model; the text and flags) beside it: the same training
+    as the course's 2-rank run under torchrun, digit for digit."""
+    lesson = ROOT / support.GPT_DDP
+    check(run(launch_command(lifted[lesson] / "main.py", 2, "torchrun",
+                             [*support.GPT_QUICK, "--log-dir", tmp_path / "run"]), timeout=240, cwd=lifted[lesson]))
+    course_dir, _ = shared_run(lesson, "torchrun", support.GPT_QUICK)
+    copy = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    course = [json.loads(line) for line in (course_dir / "metrics.jsonl").read_text().splitlines()]
+    assert len(copy) == 2 and without_timing(copy) == without_timing(course)
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["param_checksums"] == json.loads(
+        (course_dir / "summary.json").read_text())["param_checksums"]
+
+
 @pytest.mark.parametrize("lesson", LIFTS_OUT, ids=lambda p: p.relative_to(ROOT).as_posix())
 def test_a_copy_refuses_a_bad_flag_in_one_line(lifted, lesson):
     """The lesson's one line; TensorFlow's own start-up lines may come before it (on a CPU where oneDNN's custom
@@ -169,7 +183,8 @@ def test_a_copy_refuses_a_bad_flag_in_one_line(lifted, lesson):
         "main.py: error: argument --batch-size: must be a positive integer, got 0 (see main.py --help)"]
 
 
-@pytest.mark.parametrize("lesson", [ROOT / DS, ROOT / TP, ROOT / PP, ROOT / ZERO, ROOT / support.FSDP_CKPT],
+@pytest.mark.parametrize("lesson", [ROOT / DS, ROOT / TP, ROOT / PP, ROOT / ZERO, ROOT / support.FSDP_CKPT,
+                                    ROOT / "transformer" / "ddp.py"],
                          ids=lambda p: p.relative_to(ROOT).as_posix())
 def test_each_torch_lesson_reads_the_launchers_as_the_ddp_lesson_does(lesson):
     """[1] is written out in every torch lesson (each lifts out alone): the same table, the same reading."""

@@ -1,0 +1,186 @@
+#!/usr/bin/env python
+"""A GPT-style transformer (transformer/model.py) with PyTorch DDP, on bytes of real text: the
+chapter's baseline. [1]-[8]: the course's recipe; transformer/README.md explains each line here.
+
+    python transformer/ddp.py                          one process: the loss falls from ln 256
+    torchrun --nproc_per_node 2 transformer/ddp.py     two ranks, each its own sequences
+    mpiexec -n 2 python transformer/ddp.py             two ranks under MPI (also: srun)
+"""
+import hashlib
+import os
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # the repo root *after* site-packages
+try:  # course plumbing, no step of the recipe (utils/plumbing.py): the libraries' noise filtered,
+    from utils import plumbing  # flags checked, every ending one line. A copy runs without it.
+except ImportError:
+    plumbing = None
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from transformer import model as gpt  # the chapter's model
+from transformer import text  # its text (bytes) and flags
+from utils import log  # the course's helper: rank 0's lines and run files
+
+FRAMEWORK = "transformer-ddp"
+# What each launcher sets: rank, local rank, world size, ranks on this node.
+LAUNCHERS = {"torchrun": ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"),
+             "mpiexec (PALS)": ("PALS_RANKID", "PALS_LOCAL_RANKID", "PMI_SIZE", "PALS_LOCAL_SIZE"),
+             "mpirun (Open MPI)": ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
+                                   "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"),
+             "mpiexec": ("PMI_RANK", "MPI_LOCALRANKID", "PMI_SIZE", "MPI_LOCALNRANKS"),
+             "srun": ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "SLURM_NTASKS_PER_NODE")}
+
+
+def who_am_i():
+    e = os.environ
+    if "SLURM_STEP_ID" in e and "MPI_LOCALRANKID" not in e:  # srun (its PMI_RANK has no local rank)
+        e = {k: v for k, v in e.items() if not k.startswith("PMI_")}
+    for name, (rank, local, size, local_size) in LAUNCHERS.items():
+        if rank in e and size in e:
+            local_sizes = e.get(local_size) or e.get("SLURM_TASKS_PER_NODE", e[size])
+            return (int(e[rank]), int(e.get(local, 0)), int(e[size]),
+                    int(local_sizes.split("(")[0].split(",")[0]), name)
+    return 0, 0, 1, 1, "python"
+
+
+def train_epoch(model, optimizer, train, epoch, steps, rank, world_size, args, device):
+    model.train()
+    sums, context, B = [0.0, 0, 0], args.context, args.batch_size  # loss, right guesses, tokens
+    progress = log.Progress(rank == 0, steps, epoch, args.log_interval)
+    # [3] Shard by global rank: every rank draws the same starts for the whole global batch (one
+    #     seed per epoch) and takes its own B of them: N ranks see what one process sees at N x B.
+    draw = torch.Generator().manual_seed(args.seed * 1000 + epoch)
+    starts = torch.randint(len(train) - context - 1, (steps, world_size * B), generator=draw)
+    for step in range(steps):
+        x, y = (t.to(device) for t in text.windows(train, starts[step, rank * B:(rank + 1) * B],
+                                                   context))
+        optimizer.zero_grad(set_to_none=True)
+        logits = model(x)
+        loss = gpt.loss_fn(logits, y)
+        loss.backward()  # [6] gradients averaged: DDP all-reduces them in buckets during backward
+        optimizer.step()
+        sums = [sums[0] + loss.item() * y.numel(), sums[1] + (logits.argmax(-1) == y).sum().item(),
+                sums[2] + y.numel()]
+        progress.update(step + 1, loss.item())
+    return sums
+
+
+@torch.no_grad()
+def evaluate(model, test, rank, world_size, args, device):
+    """The same fixed windows of the test split every epoch, dealt out over the ranks."""
+    model.eval()
+    sums, context = [0.0, 0, 0], args.context
+    starts = torch.arange(0, len(test) - context - 1, context)[:text.TEST_WINDOWS][rank::world_size]
+    for batch in starts.split(args.test_batch_size):
+        x, y = (t.to(device) for t in text.windows(test, batch, context))
+        logits = model(x)
+        sums = [sums[0] + gpt.loss_fn(logits, y, reduction="sum").item(),
+                sums[1] + (logits.argmax(-1) == y).sum().item(), sums[2] + y.numel()]
+    return sums
+
+
+def main(args):
+    # [1] Who am I? The launcher's variables (LAUNCHERS), then where the ranks meet: torchrun sets
+    #     MASTER_ADDR; else this node when all ranks are on it, or rank 0's host sent over MPI.
+    rank, local_rank, world_size, local_size, launcher = who_am_i()
+    if world_size > 1 and "MASTER_ADDR" not in os.environ and local_size < world_size:
+        from mpi4py import MPI
+        os.environ["MASTER_ADDR"] = MPI.COMM_WORLD.bcast(os.uname().nodename, root=0)
+    job = (os.environ.get("SLURM_JOB_ID") or os.environ.get("PBS_JOBID") or "0").split(".")[0]
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(29500 + int(job) % 1000))  # two jobs, two ports
+    # [2] Pin this rank to one device (GPU number = local rank); on CPUs, its share of the cores.
+    gpu = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+    gpu = gpu.type if gpu and gpu.type in ("cuda", "xpu") and args.device != "cpu" else None
+    device = f"{gpu}:{local_rank % torch.accelerator.device_count()}" if gpu else "cpu"
+    if gpu:
+        torch.accelerator.set_device_index(device)  # NVIDIA (cuda:N) and Intel (xpu:N) alike
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    threads = args.num_threads or (cores if cores < os.cpu_count() else max(1, cores // local_size))
+    torch.set_num_threads(threads)
+    # [1] Join the process group: back when all ranks met; a dead peer fails it after --dist-timeout
+    vendor = {"cuda": "nccl", "xpu": "xccl"}.get(gpu, "gloo")  # gloo between CPUs
+    backend = (vendor if args.backend == "auto" else args.backend) if world_size > 1 else "none"
+    if world_size > 1:
+        dist.init_process_group(backend, rank=rank, world_size=world_size,
+                                timeout=timedelta(seconds=args.dist_timeout))
+    log.configure(rank, local_rank, args.log_all_ranks)
+    log_dir = [args.log_dir or log.default_log_dir("transformer-ddp")]  # rank 0's time
+    if world_size > 1 and not args.log_dir:
+        dist.broadcast_object_list(log_dir, src=0)
+    run = log.RunLog(log_dir[0], rank == 0)
+    train, test, about = text.load(args.data_dir, args.download, rank == 0,
+                                   barrier=dist.barrier if world_size > 1 else lambda: None)
+    config = gpt.Config(context=args.context, layers=args.layers, heads=args.heads,
+                        width=args.width, dropout=args.dropout)
+    torch.manual_seed(args.seed)
+    model = gpt.GPT(config).to(device)
+    log.info(f"{FRAMEWORK}: {world_size} rank(s) via {launcher}, device {device}, backend "
+             f"{backend}, {threads} thread(s) per rank\n{about}\nmodel: "
+             f"{sum(p.numel() for p in model.parameters()):,} parameters, {config}")
+    x, y = text.windows(train, torch.arange(args.batch_size) * args.context, args.context)
+    per_token = gpt.flops_per_token(model, x.to(device), y.to(device))  # before any step: counts
+    # [4] The LR: AdamW's steps do not grow with the batch as SGD's do, and here the LR is not scaled
+    #     with the world size (README.md, [4]: measured, linear scaling trained worse at 2 ranks).
+    lr = args.lr
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
+    checkpoint = log.checkpoint_folder(args.checkpoint_dir, log_dir[0]) / "checkpoint.pt"
+    first_epoch = 1
+    if args.resume and checkpoint.exists():  # [8] every rank reads the same file: the same weights
+        state = torch.load(checkpoint, map_location=device, weights_only=True)  # no code runs
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        first_epoch = state["epoch"] + 1
+        log.info(f"resumed from {checkpoint}: continuing at epoch {first_epoch}")
+    run.keep_epochs_before(first_epoch)
+    if world_size > 1:  # [5] Wrap: DDP sends rank 0's weights to every rank, hooks [6] in backward
+        model = DDP(model, device_ids=[device] if gpu else None)
+    run.write_config(args, dict(rank=rank, local_rank=local_rank, world_size=world_size,
+                                local_world_size=local_size, launcher=launcher, device=device,
+                                backend=backend, num_threads=threads, log_dir=log_dir[0],
+                                master_addr=os.environ["MASTER_ADDR"], scaled_lr=lr), FRAMEWORK)
+    # an epoch: as many windows as the training text has tokens, or --max-steps (default 200)
+    steps = min(args.max_steps, max(1, len(train) // (world_size * args.batch_size * args.context)))
+    for epoch in range(first_epoch, args.epochs + 1):
+        start = time.perf_counter()
+        sums = train_epoch(model, optimizer, train, epoch, steps, rank, world_size, args, device)
+        train_time = torch.tensor([time.perf_counter() - start], device=device)
+        sums = torch.tensor(sums + evaluate(model, test, rank, world_size, args, device),
+                            dtype=torch.float64, device=device)
+        if world_size > 1:
+            dist.all_reduce(sums, op=dist.ReduceOp.SUM)  # [7] metrics summed over ranks
+            dist.all_reduce(train_time, op=dist.ReduceOp.MAX)  # the slowest rank's time
+        run.epoch_end(epoch, sums.tolist(), optimizer.param_groups[0]["lr"],
+                      time.perf_counter() - start, train_time.item())
+        if rank == 0:  # [8] one writer, through a temporary file: a kill keeps the old checkpoint
+            state = {"model": getattr(model, "module", model).state_dict(),
+                     "optimizer": optimizer.state_dict(), "epoch": epoch}
+            log.atomic_write(checkpoint, lambda f: torch.save(state, f), mode="wb")
+    # Tokens/s per rank and MFU: the FLOPs a token costs x tokens/s, over this device's matmul rate
+    tokens_per_s = run.history[-1]["samples_per_s"] / world_size if run.history else 0.0
+    peak = gpt.matmul_peak(device)
+    mfu = tokens_per_s * per_token / peak
+    log.info(f"{tokens_per_s:,.0f} tokens/s per rank x {per_token / 1e6:.1f} MFLOP/token = "
+             f"{tokens_per_s * per_token / 1e9:.2f} GFLOP/s per rank: MFU {mfu:.1%} of a measured "
+             f"{peak / 1e9:.0f} GFLOP/s matmul rate ({threads} thread(s))")
+    weights = torch.cat([p.detach().float().flatten().cpu() for p in model.parameters()])
+    checksums = [hashlib.sha256(weights.numpy().tobytes()).hexdigest()[:16]] * world_size
+    if world_size > 1:
+        dist.all_gather_object(checksums, checksums[0])  # all equal, or DDP is broken
+    if args.save_model and rank == 0:
+        torch.save(getattr(model, "module", model).state_dict(), Path(log_dir[0]) / "model.pt")
+    run.summary({"param_checksums": checksums, "device": device, "tokens_per_s_per_rank":
+                 tokens_per_s, "flops_per_token": per_token, "matmul_peak": peak,
+                 "mfu": mfu, "parameters": weights.numel()})
+    dist.destroy_process_group() if world_size > 1 else None
+
+
+if __name__ == "__main__":
+    parser = text.parser(__doc__)
+    plumbing.run_main(main, parser) if plumbing else main(parser.parse_args())

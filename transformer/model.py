@@ -1,0 +1,122 @@
+"""The chapter's model: a GPT-style decoder (nanoGPT's shape, smaller). Pre-norm blocks of causal
+self-attention and an MLP; bytes in, the next byte's logits out. Every lesson of the chapter
+trains this file's model, so that their numbers compare."""
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+@dataclass
+class Config:
+    vocab: int = 256  # bytes
+    context: int = 128  # tokens a sequence holds (block size)
+    layers: int = 4
+    heads: int = 4
+    width: int = 192  # embedding size; the MLP is 4x wider
+    dropout: float = 0.0
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.heads, self.dropout = c.heads, c.dropout
+        self.qkv = nn.Linear(c.width, 3 * c.width)  # queries, keys, values in one matmul
+        self.proj = nn.Linear(c.width, c.width)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = (t.view(B, T, self.heads, C // self.heads).transpose(1, 2)
+                   for t in self.qkv(x).split(C, dim=2))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True,  # no look at later tokens
+                                           dropout_p=self.dropout if self.training else 0.0)
+        return self.proj(y.transpose(1, 2).reshape(B, T, C))
+
+
+class Block(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.norm1, self.attn = nn.LayerNorm(c.width), SelfAttention(c)
+        self.norm2 = nn.LayerNorm(c.width)
+        self.mlp = nn.Sequential(nn.Linear(c.width, 4 * c.width), nn.GELU(),
+                                 nn.Linear(4 * c.width, c.width), nn.Dropout(c.dropout))
+
+    def forward(self, x):  # pre-norm: x + f(norm(x)), twice
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.config = c
+        self.tokens = nn.Embedding(c.vocab, c.width)
+        self.positions = nn.Embedding(c.context, c.width)
+        self.blocks = nn.ModuleList(Block(c) for _ in range(c.layers))
+        self.norm = nn.LayerNorm(c.width)
+        self.head = nn.Linear(c.width, c.vocab, bias=False)
+        self.head.weight = self.tokens.weight  # tied: the same matrix reads and writes tokens
+        self.init_weights()
+
+    def init_weights(self):
+        """GPT-2's init (also what a model made on the meta device runs after to_empty)."""
+        for name, p in self.named_parameters():
+            if p.dim() == 1:  # biases zero, LayerNorm scales one
+                nn.init.ones_(p) if name.endswith("weight") else nn.init.zeros_(p)
+            else:  # residual projections scaled down by the depth
+                std = 0.02 / math.sqrt(2 * self.config.layers) if name.endswith(
+                    ("proj.weight", "mlp.2.weight")) else 0.02
+                nn.init.normal_(p, mean=0.0, std=std)
+
+    def forward(self, idx):
+        T = idx.shape[1]
+        x = self.tokens(idx) + self.positions(torch.arange(T, device=idx.device))
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x))  # [B, T, vocab]
+
+
+def loss_fn(logits, targets, reduction="mean"):
+    return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction=reduction)
+
+
+def _attention(q, k, v, *args, out_shape=None, **kwargs):  # shapes [B, heads, T, head size]
+    return 4 * q[0] * q[1] * q[2] * k[2] * q[3]  # Q K^T and (softmax) V: 2 FLOPs per multiply-add
+
+
+def _attention_backward(grad, q, k, v, *args, out_shape=None, **kwargs):
+    return 2 * _attention(q, k, v)  # the gradients of Q, K, V and the scores: 4 products
+
+
+# FlopCounterMode knows the GPU attention kernels, not the CPU one: counted as torch counts the others
+CPU_ATTENTION = {op: formula for name, formula in (
+    ("_scaled_dot_product_flash_attention_for_cpu", _attention),
+    ("_scaled_dot_product_flash_attention_for_cpu_backward", _attention_backward))
+    if (op := getattr(torch.ops.aten, name, None)) is not None}
+
+
+def flops_per_token(model, x, y):
+    """FLOPs of one forward and backward per token, counted by torch's FlopCounterMode on a batch
+    (matmuls and attention, whole: the causal mask's skipped half is counted, as torch does)."""
+    from torch.utils.flop_counter import FlopCounterMode
+    with FlopCounterMode(display=False, custom_mapping=CPU_ATTENTION) as counter:
+        loss_fn(model(x), y).backward()
+    model.zero_grad(set_to_none=True)
+    return counter.get_total_flops() / y.numel()
+
+
+def matmul_peak(device, n=1024, seconds=0.5):
+    """The measured FP32 matmul rate (FLOP/s) of this rank's device and threads: the best of
+    repeated n x n products for about `seconds` (the ceiling MFU is taken against)."""
+    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+    best, end = 0.0, time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        torch.accelerator.synchronize() if device != "cpu" else None
+        t = time.perf_counter()
+        a @ b
+        torch.accelerator.synchronize() if device != "cpu" else None
+        best = max(best, 2 * n**3 / (time.perf_counter() - t))
+    return best

@@ -1,0 +1,92 @@
+"""The chapter's text, its flags and their checks. Bytes are the tokens (vocabulary 256). Text:
+1. --data-dir DIR with input.txt; 2. --download: rank 0 fetches Tiny Shakespeare (1.1 MB, the
+char-rnn corpus) into --data-dir (default data/), the others wait; 3. else Python's own standard
+library sources (the top-level Lib/*.py, sorted: always there, no network). 90% trains, 10%
+tests."""
+import sysconfig
+import urllib.request
+from pathlib import Path
+
+import torch
+
+from utils import parse_args
+from utils.data import DataError
+from utils.parse_args import get_parser, positive_int
+
+SHAKESPEARE = ("https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/"
+               "input.txt")
+TEST_WINDOWS = 256  # the test set: at most this many windows of the test split, the same each epoch
+
+
+def load(data_dir=None, download=False, is_main=True, barrier=lambda: None):
+    """(train, test) byte tensors and a line that says what they are."""
+    if download:
+        path = Path(data_dir or "data") / "input.txt"
+        if is_main and not path.exists():
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                urllib.request.urlretrieve(SHAKESPEARE, path.with_suffix(".part"))
+                path.with_suffix(".part").rename(path)  # whole, or not there
+            except OSError as exc:
+                raise DataError(f"download of {SHAKESPEARE} into {path.parent} failed: {exc}")
+        barrier()  # the other ranks wait for rank 0's download
+        data_dir = path.parent
+    if data_dir is not None:
+        path = Path(data_dir) / "input.txt"
+        if not path.is_file():
+            raise DataError(f"no input.txt in {data_dir}: add --download (Tiny Shakespeare), or "
+                            "leave out --data-dir (Python's standard library sources)")
+        raw, what = path.read_bytes(), str(path)
+    else:
+        lib = Path(sysconfig.get_paths()["stdlib"])
+        raw = b"\n".join(f.read_bytes() for f in sorted(lib.glob("*.py")))
+        what = f"Python's standard library sources ({lib}/*.py)"
+    tokens = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+    cut = len(tokens) * 9 // 10
+    train, test = tokens[:cut], tokens[cut:]
+    return train, test, f"{what}: {len(train):,} train / {len(test):,} test bytes (tokens)"
+
+
+def windows(tokens, starts, context):
+    """Inputs and targets: `context` bytes from each start, and the same shifted by one."""
+    rows = torch.stack([tokens[s:s + context + 1] for s in starts.tolist()]).long()
+    return rows[:, :-1], rows[:, 1:]
+
+
+def parser(doc):
+    """The course's flags, with the chapter's defaults, + the model's sizes; checked on parsing."""
+    p = get_parser(doc, cls=Parser)
+    for action in p._actions:  # (the same flag, this chapter's data)
+        if action.dest == "data_dir":
+            action.help = "folder with input.txt; default: Python's standard library sources"
+        if action.dest == "download":
+            action.help = "download Tiny Shakespeare into --data-dir (rank 0)"
+        if action.dest == "lr":
+            action.help = "AdamW's learning rate, the same at every world size (README.md, [4])"
+    p.set_defaults(epochs=1, max_steps=200, batch_size=16, test_batch_size=32, lr=1e-3,
+                   dropout=0.0, log_interval=20, momentum=None)
+    flag = p.add_argument_group("model").add_argument
+    flag("--context", type=positive_int, default=128, help="tokens per sequence")
+    flag("--layers", type=positive_int, default=6, help="transformer blocks")
+    flag("--heads", type=positive_int, default=4, help="attention heads per block")
+    flag("--width", type=positive_int, default=128, help="embedding size (the MLP: 4x)")
+    return p
+
+
+class Parser(parse_args.Parser):
+    def parse_known_args(self, args=None, namespace=None):
+        args, rest = super().parse_known_args(args, namespace)
+        for problem in problems(args):
+            self.error(problem)  # one line, exit 2
+        return args, rest
+
+
+def problems(args):
+    """What the chapter's lessons cannot do with these flags."""
+    if args.momentum is not None:
+        yield "--momentum: the transformer trains with AdamW (betas 0.9, 0.95), not SGD"
+    if args.grad_accum != 1 or args.lr_warmup_epochs or args.no_lr_scaling:
+        yield ("--grad-accum/--lr-warmup-epochs/--no-lr-scaling: not in the transformer lessons "
+               "(their LR is never scaled with the world size)")
+    if args.width % args.heads:
+        yield f"--heads {args.heads} does not divide --width {args.width}"
