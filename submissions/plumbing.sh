@@ -120,7 +120,10 @@ new_run() {
   COURSE_FLAGS=()
   if is_example "$SCRIPT"; then
     COURSE_FLAGS=(--num-threads "$OMP_NUM_THREADS" --log-dir "$RUN_DIR")
-    if [[ -n "${DATA_DIR:-}" ]]; then check_data; COURSE_FLAGS+=(--data-dir "$DATA_DIR"); fi
+    # DATA_DIR is MNIST; the transformer chapter reads text (by default Python's own, on every node)
+    if [[ -n "${DATA_DIR:-}" && "$SCRIPT" != */transformer/* ]]; then
+      check_data; COURSE_FLAGS+=(--data-dir "$DATA_DIR")
+    fi
   fi
   RUN_WHAT="$name on $n rank(s)"
   echo "# $RUN_WHAT = $(((n + ppn - 1) / ppn)) node(s) x $ppn," \

@@ -33,8 +33,8 @@ FSDP_CKPT = "zero/fsdp_checkpoint.py"  # a lesson script that is not in tools/ex
 # the simulated-nodes test's one-node run: one thread per rank, so that runs with another number of ranks per node
 # compute alike.
 QUICK = ["--epochs", "2", "--max-steps", "8", "--log-interval", "4", "--num-threads", "1"]
-# The transformer chapter (not yet in tools/examples.tsv): a small GPT, and its 2-rank run shared as QUICK is
-GPT_DDP = "transformer/ddp.py"
+# The transformer chapter: a small GPT, and its 2-rank run, shared as QUICK's is
+GPT_DDP = EXAMPLES["transformer-ddp"]
 GPT_SMALL = ["--layers", "2", "--width", "64", "--heads", "2", "--context", "32", "--num-threads", "1"]
 GPT_QUICK = [*GPT_SMALL, "--epochs", "2", "--max-steps", "3", "--save-model", "--batch-size", "4"]
 TP = EXAMPLES["tensor-parallel"]

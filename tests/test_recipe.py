@@ -21,7 +21,7 @@ LESSONS = {  # script: the README that explains its lines
     "zero/fsdp_checkpoint.py": "zero/README.md",  # a lesson, not one of the examples (tools/examples.tsv)
     TP: "model_parallel/README.md",
     PP: "model_parallel/README.md",
-    "transformer/ddp.py": "transformer/README.md",  # the transformer chapter (not yet in tools/examples.tsv)
+    "transformer/ddp.py": "transformer/README.md",
 }
 MARKER = re.compile(r"#.*?\[([^\]\s]*)\]")  # a [..] inside a comment
 NUMBERED = re.compile(r"\[(\d+)\]")
