@@ -36,7 +36,8 @@ QUICK = ["--epochs", "2", "--max-steps", "8", "--log-interval", "4", "--num-thre
 # The transformer chapter: a small GPT, and its 2-rank run, shared as QUICK's is
 GPT_DDP = EXAMPLES["transformer-ddp"]
 GPT_SMALL = ["--layers", "2", "--width", "64", "--heads", "2", "--context", "32", "--num-threads", "1"]
-GPT_QUICK = [*GPT_SMALL, "--epochs", "2", "--max-steps", "3", "--save-model", "--batch-size", "4"]
+GPT_QUICK = [*GPT_SMALL, "--epochs", "2", "--max-steps", "3", "--no-lr-scaling", "--save-model",
+             "--batch-size", "4"]
 TP = EXAMPLES["tensor-parallel"]
 PP = EXAMPLES["pipeline-parallel"]
 

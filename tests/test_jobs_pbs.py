@@ -633,11 +633,13 @@ def test_a_venv_for_extras_sits_on_top_of_the_module_and_never_hides_its_torch(t
 
 
 @pytest.mark.parametrize("machine", PBS)
-def test_the_transformer_lesson_runs_by_its_name_and_reads_no_mnist_folder(tmp_path, machine):
-    """EXAMPLE=transformer-ddp launches transformer/ddp.py with the course's flags; DATA_DIR (MNIST) is
-    neither checked nor passed: the lesson's text is Python's own sources, on every node."""
-    result, _ = job(machine, tmp_path, 1, DRY_RUN="1", EXAMPLE="transformer-ddp",
-                    DATA_DIR=str(tmp_path / "no-mnist-here"))
-    (words,) = launches(check(result).stdout, machine)
-    assert str(ROOT / "transformer" / "ddp.py") in words and "--data-dir" not in words, words
-    assert "--log-dir" in words and result.stderr == ""
+def test_the_transformer_lessons_run_by_their_names_and_read_no_mnist_folder(tmp_path, machine):
+    """EXAMPLE=transformer-ddp (-fsdp) launches transformer/ddp.py (fsdp.py) with the course's flags;
+    DATA_DIR (MNIST) is neither checked nor passed: their text is Python's own sources, on every node."""
+    for example in ("transformer-ddp", "transformer-fsdp"):
+        result, _ = job(machine, tmp_path, 1, DRY_RUN="1", EXAMPLE=example,
+                        DATA_DIR=str(tmp_path / "no-mnist-here"))
+        (words,) = launches(check(result).stdout, machine)
+        script = ROOT / "transformer" / f"{example.split('-')[1]}.py"
+        assert str(script) in words and "--data-dir" not in words, words
+        assert "--log-dir" in words and result.stderr == ""

@@ -22,6 +22,7 @@ LESSONS = {  # script: the README that explains its lines
     TP: "model_parallel/README.md",
     PP: "model_parallel/README.md",
     "transformer/ddp.py": "transformer/README.md",
+    "transformer/fsdp.py": "transformer/README.md",
 }
 MARKER = re.compile(r"#.*?\[([^\]\s]*)\]")  # a [..] inside a comment
 NUMBERED = re.compile(r"\[(\d+)\]")

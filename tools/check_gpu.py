@@ -58,7 +58,8 @@ def rows(kind, gpus, steps):
               ("zero-fsdp2", "zero", zero + ["--variant", "torch-fsdp2"], "zero"),
               ("tensor-parallel", "tensor-parallel", common, "summary"),
               ("pipeline-parallel", "pipeline-parallel", common, "summary"),
-              ("transformer-ddp", "transformer-ddp", common, "summary")]
+              ("transformer-ddp", "transformer-ddp", common, "summary"),
+              ("transformer-fsdp2-bf16", "transformer-fsdp", common + ["--bf16"], "summary")]
     runs = [(name, example, "python", 1, flags, how) for name, example, flags, how in table]
     if gpus >= 2:  # the same on 2 ranks, one GPU each, over the vendor's library
         runs += [(name, example, "torchrun", 2, flags, how) for name, example, flags, how in table

@@ -118,7 +118,7 @@ def main(args):
     train, test, about = text.load(args.data_dir, args.download, rank == 0,
                                    barrier=dist.barrier if world_size > 1 else lambda: None)
     config = gpt.Config(context=args.context, layers=args.layers, heads=args.heads,
-                        width=args.width, dropout=args.dropout)
+                        width=args.width, dropout=args.dropout, seed=args.seed)
     torch.manual_seed(args.seed)
     model = gpt.GPT(config).to(device)
     log.info(f"{FRAMEWORK}: {world_size} rank(s) via {launcher}, device {device}, backend "
@@ -126,9 +126,9 @@ def main(args):
              f"{sum(p.numel() for p in model.parameters()):,} parameters, {config}")
     x, y = text.windows(train, torch.arange(args.batch_size) * args.context, args.context)
     per_token = gpt.flops_per_token(model, x.to(device), y.to(device))  # before any step: counts
-    # [4] The LR: AdamW's steps do not grow with the batch as SGD's do, and here the LR is not scaled
-    #     with the world size (README.md, [4]: measured, linear scaling trained worse at 2 ranks).
-    lr = args.lr
+    # [4] Scale the LR with the global batch (world_size x one rank's), as the course does; for
+    #     AdamW that rule is a choice, not a law (README.md, [4]).
+    lr = args.lr * world_size if not args.no_lr_scaling else args.lr
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
     checkpoint = log.checkpoint_folder(args.checkpoint_dir, log_dir[0]) / "checkpoint.pt"
     first_epoch = 1

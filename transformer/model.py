@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 
 @dataclass
@@ -18,6 +19,7 @@ class Config:
     heads: int = 4
     width: int = 192  # embedding size; the MLP is 4x wider
     dropout: float = 0.0
+    seed: int = 0  # of the initial weights
 
 
 class SelfAttention(nn.Module):
@@ -59,17 +61,27 @@ class GPT(nn.Module):
         self.norm = nn.LayerNorm(c.width)
         self.head = nn.Linear(c.width, c.vocab, bias=False)
         self.head.weight = self.tokens.weight  # tied: the same matrix reads and writes tokens
-        self.init_weights()
+        if not self.head.weight.is_meta:  # (made on the meta device: init_weights after to_empty)
+            self.init_weights()
 
+    @torch.no_grad()
     def init_weights(self):
-        """GPT-2's init (also what a model made on the meta device runs after to_empty)."""
+        """GPT-2's init, from a generator of its own (config.seed): each tensor drawn whole on the
+        CPU, in the same order, however the model was made (on a device, or on the meta device,
+        then sharded); a sharded one (FSDP2's DTensor) keeps its slice: one model at any size."""
+        draw = torch.Generator().manual_seed(self.config.seed)
         for name, p in self.named_parameters():
+            full = torch.empty(p.shape)
             if p.dim() == 1:  # biases zero, LayerNorm scales one
-                nn.init.ones_(p) if name.endswith("weight") else nn.init.zeros_(p)
+                nn.init.ones_(full) if name.endswith("weight") else nn.init.zeros_(full)
             else:  # residual projections scaled down by the depth
                 std = 0.02 / math.sqrt(2 * self.config.layers) if name.endswith(
                     ("proj.weight", "mlp.2.weight")) else 0.02
-                nn.init.normal_(p, mean=0.0, std=std)
+                nn.init.normal_(full, mean=0.0, std=std, generator=draw)
+            if isinstance(p, DTensor):  # every rank drew the same: each keeps its slice, no sends
+                full = distribute_tensor(full.to(p.device), p.device_mesh, p.placements,
+                                         src_data_rank=None)
+            p.copy_(full)
 
     def forward(self, idx):
         T = idx.shape[1]
@@ -91,7 +103,7 @@ def _attention_backward(grad, q, k, v, *args, out_shape=None, **kwargs):
     return 2 * _attention(q, k, v)  # the gradients of Q, K, V and the scores: 4 products
 
 
-# FlopCounterMode knows the GPU attention kernels, not the CPU one: counted as torch counts the others
+# FlopCounterMode knows the GPU attention kernels, not the CPU one: counted as torch counts those
 CPU_ATTENTION = {op: formula for name, formula in (
     ("_scaled_dot_product_flash_attention_for_cpu", _attention),
     ("_scaled_dot_product_flash_attention_for_cpu_backward", _attention_backward))

@@ -53,40 +53,55 @@ def windows(tokens, starts, context):
     return rows[:, :-1], rows[:, 1:]
 
 
-def parser(doc):
-    """The course's flags, with the chapter's defaults, + the model's sizes; checked on parsing."""
-    p = get_parser(doc, cls=Parser)
+def parser(doc, ranks=None):
+    """The course's flags, with the chapter's defaults, + the model's sizes; checked on parsing.
+    ranks (fsdp.py): + --replicate and --bf16, checked against that world size."""
+    p = get_parser(doc, cls=lambda **kwargs: Parser(ranks, **kwargs))
     for action in p._actions:  # (the same flag, this chapter's data)
         if action.dest == "data_dir":
             action.help = "folder with input.txt; default: Python's standard library sources"
         if action.dest == "download":
             action.help = "download Tiny Shakespeare into --data-dir (rank 0)"
-        if action.dest == "lr":
-            action.help = "AdamW's learning rate, the same at every world size (README.md, [4])"
-    p.set_defaults(epochs=1, max_steps=200, batch_size=16, test_batch_size=32, lr=1e-3,
+    p.set_defaults(epochs=1, max_steps=200, batch_size=16, test_batch_size=32, lr=3e-3,
                    dropout=0.0, log_interval=20, momentum=None)
     flag = p.add_argument_group("model").add_argument
     flag("--context", type=positive_int, default=128, help="tokens per sequence")
     flag("--layers", type=positive_int, default=6, help="transformer blocks")
     flag("--heads", type=positive_int, default=4, help="attention heads per block")
     flag("--width", type=positive_int, default=128, help="embedding size (the MLP: 4x)")
+    if ranks:
+        flag = p.add_argument_group("sharding").add_argument
+        flag("--replicate", type=positive_int, default=1, help="HSDP: this many copies of the "
+             "model, each sharded over world size / replicate ranks (1: FSDP, one shard group)")
+        flag("--bf16", action="store_true", help="mixed precision: bf16 parameters in forward "
+             "and backward, gradients reduced and the optimizer stepped in fp32")
     return p
 
 
 class Parser(parse_args.Parser):
+    def __init__(self, ranks, **kwargs):
+        super().__init__(**kwargs)
+        self.ranks = ranks
+
     def parse_known_args(self, args=None, namespace=None):
         args, rest = super().parse_known_args(args, namespace)
-        for problem in problems(args):
+        for problem in problems(args, self.ranks):
             self.error(problem)  # one line, exit 2
         return args, rest
 
 
-def problems(args):
-    """What the chapter's lessons cannot do with these flags."""
+def problems(args, ranks=None):
+    """What the chapter's lessons cannot do with these flags (fsdp.py: on `ranks` ranks)."""
+    if ranks and ranks % args.replicate:
+        yield f"--replicate {args.replicate} does not divide the {ranks} rank(s) into copies"
+    if ranks and (args.resume or args.checkpoint_dir):
+        yield "--resume/--checkpoint-dir: fsdp.py keeps no checkpoints yet (--save-model: weights)"
+    if (ranks and args.bf16 and args.device in ("auto", "cuda") and torch.cuda.is_available()
+            and not torch.cuda.is_bf16_supported()):  # (CPUs: torch computes bf16 on any, slowly)
+        yield f"--bf16: {torch.cuda.get_device_name()} has no bfloat16 arithmetic (--device cpu)"
     if args.momentum is not None:
         yield "--momentum: the transformer trains with AdamW (betas 0.9, 0.95), not SGD"
-    if args.grad_accum != 1 or args.lr_warmup_epochs or args.no_lr_scaling:
-        yield ("--grad-accum/--lr-warmup-epochs/--no-lr-scaling: not in the transformer lessons "
-               "(their LR is never scaled with the world size)")
+    if args.grad_accum != 1 or args.lr_warmup_epochs:
+        yield "--grad-accum/--lr-warmup-epochs: not in the transformer lessons"
     if args.width % args.heads:
         yield f"--heads {args.heads} does not divide --width {args.width}"
