@@ -62,9 +62,12 @@ launch() {
 example_script() {
   local script names
   script=$(awk -F '\t' -v name="$1" '$1 == name { print $2 }' "$EXAMPLES_TSV")
-  names=$(awk -F '\t' '!/^#/ && NF == 2 { printf "%s ", $1 }' "$EXAMPLES_TSV")
+  names=$(awk -F '\t' '!/^#/ && NF == 3 { printf "%s ", $1 }' "$EXAMPLES_TSV")
   [[ -n "$script" ]] || fail "EXAMPLE must be one of: ${names}(got '$1')"
   echo "$REPO_DIR/$script"
+}
+reads_mnist() {  # the table's third column: the examples whose --data-dir is an MNIST folder
+  awk -F '\t' '$3 == "mnist" { print $2 }' "$EXAMPLES_TSV" | grep -qxF "${1#"$REPO_DIR"/}"
 }
 is_example() {
   [[ "$1" == "$REPO_DIR"/* && -f "$EXAMPLES_TSV" ]] &&
@@ -120,8 +123,7 @@ new_run() {
   COURSE_FLAGS=()
   if is_example "$SCRIPT"; then
     COURSE_FLAGS=(--num-threads "$OMP_NUM_THREADS" --log-dir "$RUN_DIR")
-    # DATA_DIR is MNIST; the transformer chapter reads text (by default Python's own, on every node)
-    if [[ -n "${DATA_DIR:-}" && "$SCRIPT" != */transformer/* ]]; then
+    if [[ -n "${DATA_DIR:-}" ]] && reads_mnist "$SCRIPT"; then  # (the transformer's: text)
       check_data; COURSE_FLAGS+=(--data-dir "$DATA_DIR")
     fi
   fi

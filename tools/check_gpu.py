@@ -28,7 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.append(str(ROOT))  # after site-packages: our horovod/ and deepspeed/ never shadow them
-from tools.launch import EXAMPLES, launch_command  # the one module that knows launchers
+from tools.launch import EXAMPLES, READS_MNIST, launch_command  # the one module that knows launchers
 
 SCALING_RANKS = (1, 2, 4, 8, 16)
 
@@ -78,7 +78,7 @@ def run_one(name, example, launcher, ranks, flags, how, out, data_dir, timeout):
     folder = out / f"{name}-{ranks}"
     flags = [*flags, "--json", str(folder / "zero.json")] if how == "zero" else \
         [*flags, "--log-dir", str(folder)]
-    if data_dir and how != "zero" and not name.startswith("transformer"):  # (MNIST; it reads text)
+    if data_dir and how != "zero" and example in READS_MNIST:
         flags += ["--data-dir", data_dir]
     cmd = launch_command(example, ranks, launcher, flags)
     if how == "profile":  # diagnose/profile_ranks.py in front of the lesson: a trace per rank

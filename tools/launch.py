@@ -16,13 +16,15 @@ from utils.dist import LOOPBACK, free_port
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _read_examples():
+def _read_examples():  # {name: (script, data)}
     rows = (line.split("\t") for line in (ROOT / "tools" / "examples.tsv").read_text().splitlines()
             if line.strip() and not line.startswith("#"))
-    return {name.strip(): script.strip() for name, script in rows}
+    return {name.strip(): (script.strip(), data.strip()) for name, script, data in rows}
 
 
-EXAMPLES = _read_examples()  # name: script, relative to the repository root (tools/examples.tsv)
+_TABLE = _read_examples()
+EXAMPLES = {name: script for name, (script, _) in _TABLE.items()}  # relative to the repository root
+READS_MNIST = {name for name, (_, data) in _TABLE.items() if data == "mnist"}  # --data-dir: MNIST
 LAUNCHERS = ("python", "torchrun", "mpiexec", "horovodrun", "horovodrun-mpi", "deepspeed")
 
 
