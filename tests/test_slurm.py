@@ -32,7 +32,6 @@ OVERRIDES = ["--gpus-per-node=0",  # no GPUs here (the directive asks for 4)
              "--constraint=",      # the nodes have no `gpu` feature (the directive says -C gpu)
              "--time=10"]          # minutes: Slurm itself ends a job that hangs
 # -A YOUR_PROJECT and -q debug stay: without an accounting database Slurm accepts and ignores them.
-EXAMPLES = ("ddp", "horovod-pytorch", "horovod-tensorflow", "deepspeed")
 # Settings of the scripts a developer may have exported: empty means "the default" to the scripts.
 SETTINGS = ("REPO_DIR", "RUNS_DIR", "SCRIPT", "TRAIN_ARGS", "ENV_SETUP", "EXAMPLE", "DRY_RUN", "SWEEP", "SWEEP_RANKS",
             "SWEEP_DIR", "NRANKS", "VENV", "VIRTUAL_ENV", "OMP_NUM_THREADS", "MASTER_ADDR")
@@ -159,8 +158,13 @@ def test_up_on_a_running_cluster_changes_nothing(slurm):
 
 
 # --- every example's script as a real job ---------------------------------------------------------------------
-@pytest.mark.parametrize("nodes,per_node", [(1, 2), (2, 1)], ids=["1node-x2", "2nodes-x1"])
-@pytest.mark.parametrize("example", EXAMPLES)
+# Each example once, the two shapes shared out: each shape starts two frameworks, each launcher family (srun with
+# torch's rendezvous, srun with PMI-2 for Horovod) meets both shapes, and DDP at 2 nodes is the sweep below.
+SHAPES = [("ddp", 1, 2), ("horovod-pytorch", 2, 1), ("horovod-tensorflow", 1, 2), ("deepspeed", 2, 1)]
+
+
+@pytest.mark.parametrize("example,nodes,per_node", SHAPES,
+                         ids=[f"{e}-{n}node{'s' * (n > 1)}-x{p}" for e, n, p in SHAPES])
 def test_job_script_runs_under_slurm(slurm, frameworks, tmp_path, example, nodes, per_node):
     settings = {"EXAMPLE": example}
     if example.startswith("horovod"):
