@@ -11,6 +11,7 @@ import re
 import shutil
 
 import pytest
+import torch
 
 import support
 from support import BIN, DDP, DS, HVD_KERAS, HVD_TF, HVD_TORCH, PP, ROOT, TP, ZERO, check, run, without_timing
@@ -170,6 +171,27 @@ def test_a_copy_of_the_transformer_lesson_runs_alone(lifted, shared_run, tmp_pat
     assert len(copy) == 2 and without_timing(copy) == without_timing(course)
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["param_checksums"] == json.loads(
         (course_dir / "summary.json").read_text())["param_checksums"]
+
+
+def test_a_copy_of_the_fsdp2_lesson_saves_its_sharded_checkpoints_and_trains_as_ddp(lifted, shared_run, tmp_path):
+    """transformer/fsdp.py copied alone, under mpiexec: each epoch's DCP checkpoint saved in the background
+    (the last one left, a file per rank), and the same training as the course's DDP lesson on the same global
+    batch, to fp32 reduction order (FSDP2 reduce-scatters where DDP all-reduces)."""
+    lesson = ROOT / "transformer" / "fsdp.py"
+    check(run(launch_command(lifted[lesson] / "main.py", 2, "mpiexec",
+                             [*support.GPT_QUICK, "--log-dir", tmp_path / "run"]), timeout=240, cwd=lifted[lesson]))
+    saved = tmp_path / "run" / "checkpoints"
+    assert (saved / "latest").read_text() == "epoch2" and len(list((saved / "epoch2").glob("*.distcp"))) == 2
+    assert not (saved / "epoch1").exists()
+    course_dir, _ = shared_run(ROOT / support.GPT_DDP, "torchrun", support.GPT_QUICK)
+    copy = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    course = [json.loads(line) for line in (course_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["epoch"] for m in copy] == [1, 2] and all(m["launcher"] == "mpiexec" for m in copy), copy
+    for a, b in zip(copy, course, strict=True):
+        assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-5), (a, b)
+    ddp, fsdp = (torch.load(d / "model.pt", weights_only=True) for d in (course_dir, tmp_path / "run"))
+    for key in ddp:
+        torch.testing.assert_close(fsdp[key], ddp[key], rtol=0, atol=2e-5, msg=key)
 
 
 @pytest.mark.parametrize("lesson", LIFTS_OUT, ids=lambda p: p.relative_to(ROOT).as_posix())

@@ -2,6 +2,7 @@
 real launchers: N ranks train as one process on the combined batch, the loss falls, bad input is one line."""
 import json
 import math
+import shutil
 
 import pytest
 import torch
@@ -95,21 +96,39 @@ def test_one_process_learns_the_text_to_the_readme_threshold(tmp_path):
 FSDP = "transformer/fsdp.py"
 
 
-def test_fsdp2_and_hsdp_train_as_one_process_and_hold_a_share_of_the_bytes(tmp_path):
+SHARDED = [*GPT_SMALL, "--epochs", "2", "--max-steps", "3", "--no-lr-scaling", "--save-model"]
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    """The uninterrupted 1-process run of 2 epochs on the global batch (8 sequences) that the sharded runs
+    below end as."""
+    log_dir = tmp_path_factory.mktemp("gpt") / "one"
+    check(run(python(SCRIPT, *SHARDED, "--batch-size", "8", "--log-dir", log_dir), timeout=240))
+    return log_dir
+
+
+def assert_same_training(log_dir, one_dir, name):
+    """Every epoch's losses and the final weights (--save-model's full state dict) as the one process's."""
+    one = torch.load(one_dir / "model.pt", weights_only=True)
+    sharded = torch.load(log_dir / "model.pt", weights_only=True)
+    assert sharded.keys() == one.keys(), name
+    for key in one:
+        torch.testing.assert_close(sharded[key], one[key], rtol=0, atol=2e-5, msg=f"{name}: {key}")
+    for a, b in zip(metrics(log_dir), metrics(one_dir), strict=True):
+        for kind in ("train_loss", "test_loss"):
+            assert math.isclose(a[kind], b[kind], rel_tol=1e-5), (name, kind, a, b)
+
+
+def test_fsdp2_and_hsdp_train_as_one_process_and_hold_a_share_of_the_bytes(one_process, tmp_path):
     """FSDP2 (2 ranks, each half of every tensor) and HSDP (4 ranks = 2 copies x 2 shards; 4 processes on 2
     cores, oversubscribed) end with the weights of one process that takes the whole global batch; each rank
     holds 1/shards of the parameters, gradients and AdamW's two moments (fp32: 4, 4 and 8 bytes each)."""
-    flags = [*GPT_SMALL, "--epochs", "2", "--max-steps", "3", "--no-lr-scaling", "--save-model"]
-    check(run(python(SCRIPT, *flags, "--batch-size", "8", "--log-dir", tmp_path / "one"), timeout=240))
-    one = torch.load(tmp_path / "one" / "model.pt", weights_only=True)
+    flags = SHARDED
     runs = {"fsdp": (2, ["--batch-size", "4"], 2), "hsdp": (4, ["--batch-size", "2", "--replicate", "2"], 2)}
     for name, (ranks, extra, shards) in runs.items():
         check(run(torchrun(ranks, FSDP, *flags, *extra, "--log-dir", tmp_path / name), timeout=300))
-        sharded = torch.load(tmp_path / name / "model.pt", weights_only=True)
-        for key in one:
-            torch.testing.assert_close(sharded[key], one[key], rtol=0, atol=2e-5, msg=f"{name}: {key}")
-        for a, b in zip(metrics(tmp_path / name), metrics(tmp_path / "one"), strict=True):
-            assert math.isclose(a["train_loss"], b["train_loss"], rel_tol=1e-5), (name, a, b)
+        assert_same_training(tmp_path / name, one_process, name)
         s = summary(tmp_path / name)
         assert (s["world_size"], s["shards"]) == (ranks, shards)
         n = s["parameters"]
@@ -130,9 +149,37 @@ def test_bf16_computes_in_bf16_and_stays_near_fp32(tmp_path):
     assert summary(tmp_path / "bf16")["held_bytes_per_rank"] == summary(tmp_path / "fp32")["held_bytes_per_rank"]
 
 
+def test_a_checkpoint_of_4_ranks_continues_on_2_and_on_1_as_if_never_stopped(one_process, tmp_path):
+    """DCP: 4 ranks (oversubscribed on 2 cores) save epoch 1 in the background, each rank its own slices. Its
+    copies continue at 2 ranks and at 1 (the same global batch: 8 sequences), each rank reading the slices its
+    new shards cover, AdamW's moments included: epoch 2 ends as the uninterrupted run's, losses and weights.
+    A checkpoint of another model shape is one line naming the flag, on every rank, before any step."""
+    four = tmp_path / "four"
+    check(run(torchrun(4, FSDP, *SHARDED[:-1], "--epochs", "1", "--batch-size", "2", "--log-dir", four),
+              timeout=300))
+    saved = four / "checkpoints"
+    assert (saved / "latest").read_text() == "epoch1"
+    assert len(list((saved / "epoch1").glob("*.distcp"))) == 4 and (saved / "epoch1" / ".metadata").is_file()
+    for ranks, launch in ((2, lambda *a: torchrun(2, FSDP, *a)), (1, lambda *a: python(FSDP, *a))):
+        log_dir = tmp_path / f"at{ranks}"
+        shutil.copytree(four, log_dir)
+        result = check(run(launch(*SHARDED, "--batch-size", str(8 // ranks), "--resume", "--log-dir", log_dir),
+                           timeout=300))
+        assert f"resumed from {log_dir / 'checkpoints' / 'epoch1'} on {ranks} rank(s): epoch 2" in result.stdout
+        assert [m["world_size"] for m in metrics(log_dir)] == [4, ranks]
+        assert_same_training(log_dir, one_process, f"resumed at {ranks}")
+        # the new checkpoint replaces the one it continued
+        assert (log_dir / "checkpoints" / "latest").read_text() == "epoch2"
+        assert sorted(p.name for p in (log_dir / "checkpoints").iterdir() if p.is_dir()) == ["epoch2"]
+        assert len(list((log_dir / "checkpoints" / "epoch2").glob("*.distcp"))) == ranks
+    wider = [*GPT_SMALL, "--width", "32", "--epochs", "2", "--resume", "--checkpoint-dir", saved]
+    result = run(mpiexec(2, FSDP, *wider, "--log-dir", tmp_path / "wider"), timeout=120)
+    assert_each_rank_refused(result, f"--width 32: {saved / 'epoch1'} is of width 64", 2, "mpiexec")
+    assert not (tmp_path / "wider").exists()
+
+
 @pytest.mark.parametrize("flags, words", [
     (["--replicate", "3"], "--replicate 3 does not divide the 2 rank(s) into copies"),
-    (["--resume"], "--resume/--checkpoint-dir: fsdp.py keeps no checkpoints yet"),
 ])
 def test_fsdp_refuses_what_it_cannot_do_in_one_line_on_every_rank(flags, words):
     assert_each_rank_refused(run(mpiexec(2, FSDP, *GPT_SMALL, *flags), timeout=120), words, 2, "mpiexec")

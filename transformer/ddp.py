@@ -134,6 +134,9 @@ def main(args):
     first_epoch = 1
     if args.resume and checkpoint.exists():  # [8] every rank reads the same file: the same weights
         state = torch.load(checkpoint, map_location=device, weights_only=True)  # no code runs
+        for k in (k for k, v in config.shape().items() if state["shape"][k] != v):  # one line
+            raise SystemExit(f"error: --{k} {getattr(config, k)}: {checkpoint} is of {k} "
+                             f"{state['shape'][k]}")
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         first_epoch = state["epoch"] + 1
@@ -160,7 +163,7 @@ def main(args):
                       time.perf_counter() - start, train_time.item())
         if rank == 0:  # [8] one writer, through a temporary file: a kill keeps the old checkpoint
             state = {"model": getattr(model, "module", model).state_dict(),
-                     "optimizer": optimizer.state_dict(), "epoch": epoch}
+                     "optimizer": optimizer.state_dict(), "epoch": epoch, "shape": config.shape()}
             log.atomic_write(checkpoint, lambda f: torch.save(state, f), mode="wb")
     # Tokens/s per rank and MFU: the FLOPs a token costs x tokens/s, over this device's matmul rate
     tokens_per_s = run.history[-1]["samples_per_s"] / world_size if run.history else 0.0

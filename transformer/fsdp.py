@@ -7,9 +7,12 @@ course's recipe; transformer/README.md explains each line here.
     torchrun --nproc_per_node 4 transformer/fsdp.py --replicate 2    HSDP: 2 copies x 2 shards
     torchrun --nproc_per_node 2 transformer/fsdp.py --bf16           bf16 compute, fp32 reductions
     python transformer/fsdp.py                                       one process: a group of one
+    torchrun --nproc_per_node 4 transformer/fsdp.py --log-dir r          saves each epoch (DCP)
+    torchrun --nproc_per_node 2 transformer/fsdp.py --log-dir r --resume --epochs 2    ...on 2
 """
 import hashlib
 import os
+import shutil
 import sys
 import time
 from datetime import timedelta
@@ -23,6 +26,13 @@ except ImportError:
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
@@ -83,6 +93,17 @@ def held_bytes(model, optimizer):
             "optimizer": sum(map(size, moments))}
 
 
+def finish(saving, folder, rank, kept):
+    """Wait for a background save (it ends once rank 0 wrote .metadata, after every rank's
+    slices); then rank 0 points `latest` at it, removes the one before: a kill leaves one whole."""
+    if saving:
+        saving[1].result()
+        if rank == 0:
+            log.atomic_write(folder / "latest", lambda f: f.write(saving[0]))
+            shutil.rmtree(folder / kept, ignore_errors=True) if kept else None
+    return saving[0] if saving else kept
+
+
 def main(args):
     # [1] Who am I? The launcher's variables (LAUNCHERS), then where the ranks meet: torchrun sets
     #     MASTER_ADDR; else this node when all ranks are on it, or rank 0's host sent over MPI.
@@ -141,6 +162,29 @@ def main(args):
     #     AdamW that rule is a choice, not a law (README.md, [4]).
     lr = args.lr * world_size if not args.no_lr_scaling else args.lr
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
+    # [8] Checkpoints (torch.distributed.checkpoint, DCP): a folder per epoch, each rank writing
+    #     its own slices, .metadata saying which file holds what. On a gloo group of their own:
+    #     a save in the background never meets training's collectives (nor needs a GPU's).
+    folder = log.checkpoint_folder(args.checkpoint_dir, log_dir[0])
+    saver = dist.new_group(backend="gloo")
+    first_epoch, shape, kept = 1, config.shape(), None  # kept: the last whole checkpoint
+    if args.resume and (folder / "latest").is_file():
+        kept = tag = (folder / "latest").read_text().strip()
+        meta = {"epoch": 0, "shape": dict(shape)}  # read first: the model it holds
+        dcp.load({"meta": meta}, checkpoint_id=folder / tag, process_group=saver)
+        for k in (k for k in shape if meta["shape"][k] != shape[k]):  # one line, every rank
+            raise SystemExit(f"error: --{k} {shape[k]}: {folder / tag} is of {k} {meta['shape'][k]}")
+        # Each rank reads just the slices its new shards cover, whatever the world size that
+        # wrote them; AdamW's moments too. The LR stays this run's ([4]), not the saved one.
+        model_state, optim_state = get_state_dict(model, optimizer)
+        state = {"model": model_state, "optim": optim_state}
+        dcp.load(state, checkpoint_id=folder / tag, process_group=saver)
+        set_state_dict(model, optimizer, model_state_dict=state["model"],
+                       optim_state_dict=state["optim"])
+        optimizer.param_groups[0]["lr"] = lr  # (one group)
+        first_epoch = meta["epoch"] + 1
+        log.info(f"resumed from {folder / tag} on {world_size} rank(s): epoch {first_epoch}")
+    run.keep_epochs_before(first_epoch)
     run.write_config(args, dict(rank=rank, local_rank=local_rank, world_size=world_size,
                                 local_world_size=local_size, launcher=launcher, device=device,
                                 backend=backend, num_threads=threads, log_dir=log_dir[0],
@@ -151,7 +195,8 @@ def main(args):
     B, tests = args.batch_size, torch.arange(0, len(test) - args.context - 1, args.context)
     tests = tests[:text.TEST_WINDOWS]
     tests = tests[:len(tests) // world_size * world_size]  # as many on every rank: all gather
-    for epoch in range(1, args.epochs + 1):
+    saving = None  # the save in flight
+    for epoch in range(first_epoch, args.epochs + 1):
         # [3] Shard by global rank, as in ddp.py: the same starts drawn for the global batch on
         #     every rank, each taking its own B (FSDP is data parallel: each rank, its sequences).
         draw = torch.Generator().manual_seed(args.seed * 1000 + epoch)
@@ -169,6 +214,12 @@ def main(args):
         dist.all_reduce(train_time, op=dist.ReduceOp.MAX)  # the slowest rank's time
         run.epoch_end(epoch, sums.tolist(), lr, time.perf_counter() - start,
                       train_time.item())
+        kept = finish(saving, folder, rank, kept)  # the previous save done before the next
+        model_state, optim_state = get_state_dict(model, optimizer)  # this rank's slices
+        saving = (f"epoch{epoch}", dcp.async_save(  # copies them, writes in a thread
+            {"model": model_state, "optim": optim_state, "meta": {"epoch": epoch, "shape": shape}},
+            checkpoint_id=folder / f"epoch{epoch}", process_group=saver))
+    finish(saving, folder, rank, kept)
     tokens_per_s = run.history[-1]["samples_per_s"] / world_size if run.history else 0.0
     peak = gpt.matmul_peak(device)
     mfu = tokens_per_s * per_token / peak
@@ -176,14 +227,15 @@ def main(args):
              f"{mfu:.1%} of a measured {peak / 1e9:.0f} GFLOP/s matmul rate ({threads} thread(s))")
     everyone = [None] * world_size
     dist.all_gather_object(everyone, held)  # what each rank holds
-    # [8] One writer: --save-model gathers each DTensor whole (a collective), rank 0 writes it.
-    #     (Sharded checkpoints, each rank its own slices: torch.distributed.checkpoint, next.)
-    state = {name: t.full_tensor() for name, t in model.state_dict().items()}
+    # [8] --save-model: the plain full state dict for one process (inference, ddp.py's
+    #     model.pt): each DTensor gathered whole (a collective) to rank 0's CPU; rank 0 writes it.
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
+                                                                 cpu_offload=True))
     if args.save_model and rank == 0:
-        log.atomic_write(Path(log_dir[0]) / "model.pt", lambda f: torch.save(
-            {name: t.cpu() for name, t in state.items()}, f), mode="wb")
-    weights = torch.cat([t.detach().float().flatten().cpu() for t in state.values()])
-    run.summary({"weights_checksum": hashlib.sha256(weights.numpy().tobytes()).hexdigest()[:16],
+        log.atomic_write(Path(log_dir[0]) / "model.pt", lambda f: torch.save(state, f), mode="wb")
+    weights = torch.cat([t.detach().float().flatten() for t in state.values()]) if state else None
+    run.summary({"weights_checksum": hashlib.sha256(weights.numpy().tobytes()).hexdigest()[:16]
+                 if rank == 0 else None,
                  "device": device, "tokens_per_s_per_rank": tokens_per_s, "mfu": mfu,
                  "flops_per_token": per_token, "matmul_peak": peak, "held_bytes_per_rank": everyone,
                  "parameters": sum(p.numel() for p in model.parameters()), "shards": shards,

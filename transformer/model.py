@@ -21,6 +21,10 @@ class Config:
     dropout: float = 0.0
     seed: int = 0  # of the initial weights
 
+    def shape(self):
+        """What a checkpoint of this model is a checkpoint of: another model, another shape."""
+        return {k: getattr(self, k) for k in ("vocab", "context", "layers", "heads", "width")}
+
 
 class SelfAttention(nn.Module):
     def __init__(self, c):

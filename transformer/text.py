@@ -94,8 +94,6 @@ def problems(args, ranks=None):
     """What the chapter's lessons cannot do with these flags (fsdp.py: on `ranks` ranks)."""
     if ranks and ranks % args.replicate:
         yield f"--replicate {args.replicate} does not divide the {ranks} rank(s) into copies"
-    if ranks and (args.resume or args.checkpoint_dir):
-        yield "--resume/--checkpoint-dir: fsdp.py keeps no checkpoints yet (--save-model: weights)"
     if (ranks and args.bf16 and args.device in ("auto", "cuda") and torch.cuda.is_available()
             and not torch.cuda.is_bf16_supported()):  # (CPUs: torch computes bf16 on any, slowly)
         yield f"--bf16: {torch.cuda.get_device_name()} has no bfloat16 arithmetic (--device cpu)"
