@@ -5,6 +5,7 @@ chapter's baseline. [1]-[8]: the course's recipe; transformer/README.md explains
     python transformer/ddp.py                          one process: the loss falls from ln 256
     torchrun --nproc_per_node 2 transformer/ddp.py     two ranks, each its own sequences
     mpiexec -n 2 python transformer/ddp.py             two ranks under MPI (also: srun)
+    python transformer/ddp.py --activation-checkpointing | --bf16 | --compile   memory vs time
 """
 import hashlib
 import os
@@ -57,18 +58,22 @@ def train_epoch(model, optimizer, train, epoch, steps, rank, world_size, args, d
     #     seed per epoch) and takes its own B of them: N ranks see what one process sees at N x B.
     draw = torch.Generator().manual_seed(args.seed * 1000 + epoch)
     starts = torch.randint(len(train) - context - 1, (steps, world_size * B), generator=draw)
+    start, first_step = time.perf_counter(), 0.0
     for step in range(steps):
         x, y = (t.to(device) for t in text.windows(train, starts[step, rank * B:(rank + 1) * B],
                                                    context))
         optimizer.zero_grad(set_to_none=True)
-        logits = model(x)
-        loss = gpt.loss_fn(logits, y)
+        with torch.autocast(device.split(":")[0], torch.bfloat16, enabled=args.bf16):  # --bf16
+            logits = model(x)  # (--compile: the first step compiles)
+            loss = gpt.loss_fn(logits, y)
         loss.backward()  # [6] gradients averaged: DDP all-reduces them in buckets during backward
         optimizer.step()
         sums = [sums[0] + loss.item() * y.numel(), sums[1] + (logits.argmax(-1) == y).sum().item(),
                 sums[2] + y.numel()]
         progress.update(step + 1, loss.item())
-    return sums
+        if step == 0:
+            first_step = time.perf_counter() - start  # (--compile: compiling)
+    return sums, first_step
 
 
 @torch.no_grad()
@@ -79,7 +84,8 @@ def evaluate(model, test, rank, world_size, args, device):
     starts = torch.arange(0, len(test) - context - 1, context)[:text.TEST_WINDOWS][rank::world_size]
     for batch in starts.split(args.test_batch_size):
         x, y = (t.to(device) for t in text.windows(test, batch, context))
-        logits = model(x)
+        with torch.autocast(device.split(":")[0], torch.bfloat16, enabled=args.bf16):
+            logits = model(x)
         sums = [sums[0] + gpt.loss_fn(logits, y, reduction="sum").item(),
                 sums[1] + (logits.argmax(-1) == y).sum().item(), sums[2] + y.numel()]
     return sums
@@ -118,7 +124,8 @@ def main(args):
     train, test, about = text.load(args.data_dir, args.download, rank == 0,
                                    barrier=dist.barrier if world_size > 1 else lambda: None)
     config = gpt.Config(context=args.context, layers=args.layers, heads=args.heads,
-                        width=args.width, dropout=args.dropout, seed=args.seed)
+                        width=args.width, dropout=args.dropout, seed=args.seed,
+                        recompute=args.activation_checkpointing)
     torch.manual_seed(args.seed)
     model = gpt.GPT(config).to(device)
     log.info(f"{FRAMEWORK}: {world_size} rank(s) via {launcher}, device {device}, backend "
@@ -142,19 +149,26 @@ def main(args):
         first_epoch = state["epoch"] + 1
         log.info(f"resumed from {checkpoint}: continuing at epoch {first_epoch}")
     run.keep_epochs_before(first_epoch)
+    net = model  # the model itself: its state dict, and evaluation (no gradients, no compiling)
     if world_size > 1:  # [5] Wrap: DDP sends rank 0's weights to every rank, hooks [6] in backward
         model = DDP(model, device_ids=[device] if gpu else None)
+    if args.compile:  # after DDP: its optimizer cuts the graph at the buckets, keeping [6]'s overlap
+        model = torch.compile(model)
     run.write_config(args, dict(rank=rank, local_rank=local_rank, world_size=world_size,
                                 local_world_size=local_size, launcher=launcher, device=device,
                                 backend=backend, num_threads=threads, log_dir=log_dir[0],
                                 master_addr=os.environ["MASTER_ADDR"], scaled_lr=lr), FRAMEWORK)
     # an epoch: as many windows as the training text has tokens, or --max-steps (default 200)
     steps = min(args.max_steps, max(1, len(train) // (world_size * args.batch_size * args.context)))
+    timing = (0.0, 0.0)  # the first epoch's first step, then its mean step
     for epoch in range(first_epoch, args.epochs + 1):
         start = time.perf_counter()
-        sums = train_epoch(model, optimizer, train, epoch, steps, rank, world_size, args, device)
+        sums, first = train_epoch(model, optimizer, train, epoch, steps, rank, world_size, args,
+                                  device)
         train_time = torch.tensor([time.perf_counter() - start], device=device)
-        sums = torch.tensor(sums + evaluate(model, test, rank, world_size, args, device),
+        if epoch == first_epoch:
+            timing = (first, (train_time.item() - first) / max(1, steps - 1))
+        sums = torch.tensor(sums + evaluate(net, test, rank, world_size, args, device),
                             dtype=torch.float64, device=device)
         if world_size > 1:
             dist.all_reduce(sums, op=dist.ReduceOp.SUM)  # [7] metrics summed over ranks
@@ -162,7 +176,7 @@ def main(args):
         run.epoch_end(epoch, sums.tolist(), optimizer.param_groups[0]["lr"],
                       time.perf_counter() - start, train_time.item())
         if rank == 0:  # [8] one writer, through a temporary file: a kill keeps the old checkpoint
-            state = {"model": getattr(model, "module", model).state_dict(),
+            state = {"model": net.state_dict(),
                      "optimizer": optimizer.state_dict(), "epoch": epoch, "shape": config.shape()}
             log.atomic_write(checkpoint, lambda f: torch.save(state, f), mode="wb")
     # Tokens/s per rank and MFU: the FLOPs a token costs x tokens/s, over this device's matmul rate
@@ -171,16 +185,19 @@ def main(args):
     mfu = tokens_per_s * per_token / peak
     log.info(f"{tokens_per_s:,.0f} tokens/s per rank x {per_token / 1e6:.1f} MFLOP/token = "
              f"{tokens_per_s * per_token / 1e9:.2f} GFLOP/s per rank: MFU {mfu:.1%} of a measured "
-             f"{peak / 1e9:.0f} GFLOP/s matmul rate ({threads} thread(s))")
+             f"{peak / 1e9:.0f} GFLOP/s matmul rate ({threads} thread(s))\nfirst step "
+             f"{timing[0]:.2f} s, then {timing[1] * 1e3:.0f} ms a step; peak memory "
+             f"{gpt.peak_memory(device) / 2**20:,.0f} MiB (rank 0)")
     weights = torch.cat([p.detach().float().flatten().cpu() for p in model.parameters()])
     checksums = [hashlib.sha256(weights.numpy().tobytes()).hexdigest()[:16]] * world_size
     if world_size > 1:
         dist.all_gather_object(checksums, checksums[0])  # all equal, or DDP is broken
     if args.save_model and rank == 0:
-        torch.save(getattr(model, "module", model).state_dict(), Path(log_dir[0]) / "model.pt")
+        torch.save(net.state_dict(), Path(log_dir[0]) / "model.pt")
     run.summary({"param_checksums": checksums, "device": device, "tokens_per_s_per_rank":
                  tokens_per_s, "flops_per_token": per_token, "matmul_peak": peak,
-                 "mfu": mfu, "parameters": weights.numel()})
+                 "mfu": mfu, "parameters": weights.numel(), "first_step_s": timing[0],
+                 "step_s": timing[1], "peak_memory_bytes": gpt.peak_memory(device)})
     dist.destroy_process_group() if world_size > 1 else None
 
 

@@ -2,6 +2,7 @@
 self-attention and an MLP; bytes in, the next byte's logits out. Every lesson of the chapter
 trains this file's model, so that their numbers compare."""
 import math
+import sys
 import time
 from dataclasses import dataclass
 
@@ -9,6 +10,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.utils.checkpoint import checkpoint
 
 
 @dataclass
@@ -20,6 +22,7 @@ class Config:
     width: int = 192  # embedding size; the MLP is 4x wider
     dropout: float = 0.0
     seed: int = 0  # of the initial weights
+    recompute: bool = False  # activation checkpointing: blocks keep only their input for backward
 
     def shape(self):
         """What a checkpoint of this model is a checkpoint of: another model, another shape."""
@@ -90,8 +93,9 @@ class GPT(nn.Module):
     def forward(self, idx):
         T = idx.shape[1]
         x = self.tokens(idx) + self.positions(torch.arange(T, device=idx.device))
-        for block in self.blocks:
-            x = block(x)
+        for block in self.blocks:  # recompute: the block runs again in backward, from its input
+            recompute = self.config.recompute and torch.is_grad_enabled()
+            x = checkpoint(block, x, use_reentrant=False) if recompute else block(x)
         return self.head(self.norm(x))  # [B, T, vocab]
 
 
@@ -118,10 +122,22 @@ def flops_per_token(model, x, y):
     """FLOPs of one forward and backward per token, counted by torch's FlopCounterMode on a batch
     (matmuls and attention, whole: the causal mask's skipped half is counted, as torch does)."""
     from torch.utils.flop_counter import FlopCounterMode
+    recompute, model.config.recompute = model.config.recompute, False  # the model's, not redone
     with FlopCounterMode(display=False, custom_mapping=CPU_ATTENTION) as counter:
         loss_fn(model(x), y).backward()
     model.zero_grad(set_to_none=True)
+    model.config.recompute = recompute
     return counter.get_total_flops() / y.numel()
+
+
+def peak_memory(device):
+    """The most memory this process held, in bytes: on a GPU the allocator's peak; on CPUs the
+    peak resident set (all of it: torch's libraries, Python, the text, the activations)."""
+    if device != "cpu":
+        return torch.get_device_module(device).max_memory_allocated(device)
+    import resource  # (Linux counts KiB, macOS bytes)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin"
+                                                                  else 1024)
 
 
 def matmul_peak(device, n=1024, seconds=0.5):

@@ -55,7 +55,7 @@ def windows(tokens, starts, context):
 
 def parser(doc, ranks=None):
     """The course's flags, with the chapter's defaults, + the model's sizes; checked on parsing.
-    ranks (fsdp.py): + --replicate and --bf16, checked against that world size."""
+    ranks (fsdp.py): + --replicate, checked against that world size; else (ddp.py) --compile."""
     p = get_parser(doc, cls=lambda **kwargs: Parser(ranks, **kwargs))
     for action in p._actions:  # (the same flag, this chapter's data)
         if action.dest == "data_dir":
@@ -69,12 +69,19 @@ def parser(doc, ranks=None):
     flag("--layers", type=positive_int, default=6, help="transformer blocks")
     flag("--heads", type=positive_int, default=4, help="attention heads per block")
     flag("--width", type=positive_int, default=128, help="embedding size (the MLP: 4x)")
+    flag = p.add_argument_group("memory against time").add_argument
+    flag("--activation-checkpointing", action="store_true", help="keep only each block's input "
+         "for backward and compute the block again there: less memory, about 1/3 more compute")
+    flag("--bf16", action="store_true", help="mixed precision: compute in bf16, keep weights and "
+         "optimizer in fp32 (ddp.py: torch.autocast; fsdp.py: MixedPrecisionPolicy, gradients "
+         "reduced in fp32)")
     if ranks:
         flag = p.add_argument_group("sharding").add_argument
         flag("--replicate", type=positive_int, default=1, help="HSDP: this many copies of the "
              "model, each sharded over world size / replicate ranks (1: FSDP, one shard group)")
-        flag("--bf16", action="store_true", help="mixed precision: bf16 parameters in forward "
-             "and backward, gradients reduced and the optimizer stepped in fp32")
+    else:
+        flag("--compile", action="store_true", help="torch.compile the (DDP-wrapped) model: "
+             "compiling costs the first step, fused kernels may speed up the rest")
     return p
 
 
@@ -94,7 +101,7 @@ def problems(args, ranks=None):
     """What the chapter's lessons cannot do with these flags (fsdp.py: on `ranks` ranks)."""
     if ranks and ranks % args.replicate:
         yield f"--replicate {args.replicate} does not divide the {ranks} rank(s) into copies"
-    if (ranks and args.bf16 and args.device in ("auto", "cuda") and torch.cuda.is_available()
+    if (args.bf16 and args.device in ("auto", "cuda") and torch.cuda.is_available()
             and not torch.cuda.is_bf16_supported()):  # (CPUs: torch computes bf16 on any, slowly)
         yield f"--bf16: {torch.cuda.get_device_name()} has no bfloat16 arithmetic (--device cpu)"
     if args.momentum is not None:
