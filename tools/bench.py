@@ -21,6 +21,9 @@ The Horovod examples also run at 2 ranks under mpiexec (MPI moves their gradient
 all-reduce of the gradients' size is timed alone by each way the examples move them (`allreduce` in the JSON).
     python tools/bench.py          # full: 3 rounds of 4 epochs x 40 steps per run (about 20 minutes)
     python tools/bench.py --quick  # short: 1 round of 3 epochs x 8 steps, 2 overhead pairs (in the tests)
+    python tools/bench.py --transformer [--quick]
+                                     # the transformer chapter: its lessons at 2 ranks against the ceiling,
+                                     # ddp.py's memory-against-time flags (bench_transformer.py; 3 x 20 steps)
     python tools/bench.py --only deepspeed --zero-stage 0
                                      # one example, every run of it with flags of its own (not those the
                                      # bench sets: --epochs --max-steps --batch-size --num-threads ...)
@@ -49,6 +52,7 @@ from pathlib import Path
 import bench_overhead
 import bench_phases
 import bench_runs
+import bench_transformer
 import bench_wire
 from bench_report import combine, print_table, write_report
 from bench_runs import BENCH_SETS, BENCHED, ROOT
@@ -61,8 +65,8 @@ def parse_args(argv=None):
     parser.add_argument("--quick", action="store_true",
                         help="1 round (unless --repeat) of 3 epochs x 8 steps per run (a smoke test)")
     parser.add_argument("--repeat", type=int, help="rounds; medians over them are reported (default 3, --quick 1)")
-    parser.add_argument("--epochs", type=int, default=4, help="epochs per run; the first is warm-up")
-    parser.add_argument("--steps", type=int, default=40, help="training steps per epoch")
+    parser.add_argument("--epochs", type=int, help="epochs per run; the first is warm-up (default 4; --transformer 3)")
+    parser.add_argument("--steps", type=int, help="training steps per epoch (default 40; --transformer 20)")
     parser.add_argument("--batch-size", type=int, default=64, help="batch per rank")
     parser.add_argument("--no-knobs", action="store_true", help="skip the runs with the libraries' defaults")
     parser.add_argument("--versus", metavar="FLAGS",
@@ -82,6 +86,10 @@ def parse_args(argv=None):
     parser.add_argument("--phases", action="store_true",
                         help="only time the PyTorch examples' own steps phase by phase at 1 and 2 ranks "
                              "(tools/phases.py), written to runs/bench/phases.json unless --out")
+    parser.add_argument("--transformer", action="store_true",
+                        help="only the transformer chapter (tools/bench_transformer.py): its lessons at 2 ranks "
+                             "against the ceiling, and ddp.py's memory-against-time flags, written to "
+                             "runs/bench/transformer.json unless --out")
     parser.add_argument("--overhead", choices=list(BENCHED), help=argparse.SUPPRESS)
     # Flags the bench does not know go to the example, in every run of it (`--only deepspeed --zero-stage 0`): one
     # example at a time, and never the flags the bench sets itself, so that every run stays comparable.
@@ -100,7 +108,13 @@ def parse_args(argv=None):
         parser.error(f"{' '.join(taken)}: the bench sets this flag itself in every run (see --help)")
     if args.phases and (args.versus_args is not None or "horovod-tensorflow" in (args.only or ())):
         parser.error("--phases times the PyTorch examples (TensorFlow runs its step as one graph), without --versus")
-    args.out = args.out or str(ROOT / "runs" / "bench" / ("phases.json" if args.phases else "latest.json"))
+    if args.transformer and (args.only or args.phases or args.versus_args is not None or args.example_args):
+        parser.error("--transformer measures the chapter's own runs: without --only, --phases, --versus or "
+                     "flags for an example")
+    args.epochs = args.epochs or (3 if args.transformer else 4)
+    args.steps = args.steps or (20 if args.transformer else 40)
+    args.out = args.out or str(ROOT / "runs" / "bench" / ("phases.json" if args.phases else "transformer.json"
+                                                          if args.transformer else "latest.json"))
     if args.repeat is None:  # --versus: an even count, so that each set of flags goes first as often
         args.repeat = 1 if args.quick else 4 if args.versus_args is not None else 3
     if args.repeat < 1 or args.epochs < 2 or args.steps < 1 or args.pairs < 1 or args.part_steps < 1:
@@ -122,6 +136,17 @@ def main(argv=None):
         return
     names = args.only or list(BENCHED)
     started = time.strftime("%Y-%m-%d %H:%M")
+    if args.transformer:
+        print(f"bench --transformer: {args.repeat} round(s) of {args.epochs} epochs x {args.steps} steps, the "
+              "chapter's default model, 1 thread per rank", flush=True)
+        with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+            rounds = []
+            for r in range(args.repeat):
+                (Path(tmp) / f"round-{r + 1}").mkdir()
+                rounds.append(bench_transformer.measure_round(args, Path(tmp) / f"round-{r + 1}", r + 1))
+        write_report(args, started, bench_transformer.print_report, rounds=rounds,
+                     combined=bench_transformer.combine(rounds))
+        return
     if args.phases:
         names = [n for n in names if BENCHED[n][1] == "torch"]
         print(f"bench --phases: {', '.join(names)}, {args.repeat} round(s) of {args.epochs} epochs x {args.steps} "

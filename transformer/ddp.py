@@ -131,7 +131,7 @@ def main(args):
     log.info(f"{FRAMEWORK}: {world_size} rank(s) via {launcher}, device {device}, backend "
              f"{backend}, {threads} thread(s) per rank\n{about}\nmodel: "
              f"{sum(p.numel() for p in model.parameters()):,} parameters, {config}")
-    x, y = text.windows(train, torch.arange(args.batch_size) * args.context, args.context)
+    x, y = text.windows(train, torch.tensor([0]), args.context)  # a sequence: FLOPs per token
     per_token = gpt.flops_per_token(model, x.to(device), y.to(device))  # before any step: counts
     # [4] Scale the LR with the global batch (world_size x one rank's), as the course does; for
     #     AdamW that rule is a choice, not a law (README.md, [4]).

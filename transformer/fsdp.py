@@ -156,7 +156,7 @@ def main(args):
     log.info(f"{FRAMEWORK}: {world_size} rank(s) via {launcher} = {args.replicate} cop(ies) x "
              f"{shards} shard(s), device {device}, backend {backend}, {threads} thread(s) per "
              f"rank, {'bf16' if args.bf16 else 'fp32'}\n{about}\nmodel: {config}")
-    x, y = text.windows(train, torch.arange(args.batch_size) * args.context, args.context)
+    x, y = text.windows(train, torch.tensor([0]), args.context)  # a sequence: FLOPs per token
     per_token = gpt.flops_per_token(model, x.to(device), y.to(device))  # before any step: counts
     # [4] Scale the LR with the global batch (world_size x one rank's), as the course does; for
     #     AdamW that rule is a choice, not a law (README.md, [4]).
