@@ -357,12 +357,13 @@ def test_no_tool_imports_a_lesson_or_builds_its_own_launch_command():
 # --- the transformer chapter (tools/bench_transformer.py) -----------------------------------------------------
 def test_transformer_rounds_combine_into_medians_and_ranges(capsys):
     def lesson(per_rank, ceiling):
-        return {"tokens_per_s_per_rank": per_rank, "of_ceiling": per_rank / ceiling, "mfu": 0.2}
+        return {"tokens_per_s_per_rank": per_rank, "of_ceiling": per_rank / ceiling, "mfu": 0.2,
+                "peak_memory_bytes": 900 * 2**20}
 
     def knob(tokens, peak):
         return {"tokens_per_s": tokens, "first_step_s": 0.3, "step_s": 2048 / tokens, "peak_memory_bytes": peak,
                 "mfu": 0.3, "step_vs_plain": 0.0, "memory_vs_plain": 0.0}
-    rounds = [{"ceiling": c, "lessons": {"transformer-ddp": lesson(d, c)},
+    rounds = [{"ceiling": c, "lessons": {"transformer-ddp": lesson(d, c)}, "fsdp_alone_vs_ddp_alone": d / c,
                "knobs": {"plain": knob(t, 800 * 2**20)}} for c, d, t in ((1000, 900, 2048), (800, 700, 1024),
                                                                          (900, 850, 4096))]
     combined = bench_transformer.combine(rounds)
@@ -371,11 +372,12 @@ def test_transformer_rounds_combine_into_medians_and_ranges(capsys):
     assert row["tokens_per_s_per_rank"] == (850, [700, 900])
     assert row["of_ceiling"] == (pytest.approx(0.9), [pytest.approx(0.875), pytest.approx(850 / 900)])
     assert combined["knobs"]["plain"]["step_s"] == (1.0, [0.5, 2.0])
+    assert combined["fsdp_alone_vs_ddp_alone"][0] == pytest.approx(0.9)
     report = json.loads(json.dumps({"combined": combined, "repeat": 3, "epochs": 3, "steps": 20, "date": "d"}))
     bench_transformer.print_report(report)
     out = capsys.readouterr().out
     assert "ceiling: 900 (800-1,000) tokens/s per process" in out
-    assert "transformer-ddp" in out and "0.90 (0.88-0.94)" in out
+    assert "transformer-ddp" in out and "0.90 (0.88-0.94)" in out and "ddp.py alone" in out
     assert "1000" in out.split("plain")[-1]  # the median step, in ms
 
 
@@ -388,10 +390,11 @@ def test_the_transformer_bench_measures_each_lesson_and_each_knob_from_its_runs(
     assert set(r["lessons"]) == set(bench_transformer.LESSONS) and set(r["knobs"]) == set(bench_transformer.KNOBS)
     for row in r["lessons"].values():
         assert row["of_ceiling"] == pytest.approx(row["tokens_per_s_per_rank"] / r["ceiling"])
-        assert 0 < row["mfu"] < 1
+        assert 0 < row["mfu"] < 1 and row["peak_memory_bytes"] > 100 * 2**20
     plain = r["knobs"]["plain"]
     for name, row in r["knobs"].items():
         assert row["step_vs_plain"] == pytest.approx(row["step_s"] / plain["step_s"])
         assert row["memory_vs_plain"] == pytest.approx(row["peak_memory_bytes"] / plain["peak_memory_bytes"])
         assert row["peak_memory_bytes"] > 100 * 2**20 and 0 < row["mfu"] < 1, (name, row)
     assert report["combined"]["ceiling"] == [r["ceiling"], [r["ceiling"], r["ceiling"]]]
+    assert 0 < r["fsdp_alone_vs_ddp_alone"] < 2

@@ -239,7 +239,8 @@ def main(args):
                  "device": device, "tokens_per_s_per_rank": tokens_per_s, "mfu": mfu,
                  "flops_per_token": per_token, "matmul_peak": peak, "held_bytes_per_rank": everyone,
                  "parameters": sum(p.numel() for p in model.parameters()), "shards": shards,
-                 "replicate": args.replicate, "bf16": args.bf16})
+                 "replicate": args.replicate, "bf16": args.bf16,
+                 "peak_memory_bytes": gpt.peak_memory(device)})
     dist.destroy_process_group()
 
 
