@@ -229,9 +229,13 @@ def test_a_temporary_folder_left_by_a_killed_rank_goes_at_the_next_start(tmp_pat
     for folder in (dead, alive):
         folder.mkdir()
         (folder / "__autograph_generated_file1.py").write_text("")
-    code = "import tempfile, utils.plumbing; print(tempfile.gettempdir())"
+    code = ("import os, tempfile, utils.plumbing; print(tempfile.gettempdir()); "
+            "print(os.environ['TORCHINDUCTOR_CACHE_DIR'])")
     result = run([sys.executable, "-c", code], env={"TMPDIR": str(tmp_path)}, timeout=60)
     assert result.returncode == 0, result.stderr
     assert not dead.exists() and alive.exists()
-    assert result.stdout.strip().startswith(str(tmp_path / TMP_PREFIX))  # its own, removed as it ended
-    assert not os.path.exists(result.stdout.strip())
+    private, compiled = result.stdout.split()
+    assert private.startswith(str(tmp_path / TMP_PREFIX))  # its own, removed as it ended
+    assert not os.path.exists(private)
+    # torch.compile's kernels are not in it: they outlive the run, where torch keeps them (<tmp>/torchinductor_<user>)
+    assert os.path.dirname(compiled) == str(tmp_path) and os.path.basename(compiled).startswith("torchinductor_")
