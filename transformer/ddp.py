@@ -182,12 +182,12 @@ def main(args):
     # Tokens/s per rank and MFU: the FLOPs a token costs x tokens/s, over this device's matmul rate
     tokens_per_s = run.history[-1]["samples_per_s"] / world_size if run.history else 0.0
     peak = gpt.matmul_peak(device)
-    mfu = tokens_per_s * per_token / peak
+    mfu, held = tokens_per_s * per_token / peak, gpt.peak_memory(device)
     log.info(f"{tokens_per_s:,.0f} tokens/s per rank x {per_token / 1e6:.1f} MFLOP/token = "
              f"{tokens_per_s * per_token / 1e9:.2f} GFLOP/s per rank: MFU {mfu:.1%} of a measured "
              f"{peak / 1e9:.0f} GFLOP/s matmul rate ({threads} thread(s))\nfirst step "
              f"{timing[0]:.2f} s, then {timing[1] * 1e3:.0f} ms a step; peak memory "
-             f"{gpt.peak_memory(device) / 2**20:,.0f} MiB (rank 0)")
+             f"{held / 2**20:,.0f} MiB (rank 0)")
     weights = torch.cat([p.detach().float().flatten().cpu() for p in model.parameters()])
     checksums = [hashlib.sha256(weights.numpy().tobytes()).hexdigest()[:16]] * world_size
     if world_size > 1:
@@ -197,7 +197,7 @@ def main(args):
     run.summary({"param_checksums": checksums, "device": device, "tokens_per_s_per_rank":
                  tokens_per_s, "flops_per_token": per_token, "matmul_peak": peak,
                  "mfu": mfu, "parameters": weights.numel(), "first_step_s": timing[0],
-                 "step_s": timing[1], "peak_memory_bytes": gpt.peak_memory(device)})
+                 "step_s": timing[1], "peak_memory_bytes": held})
     dist.destroy_process_group() if world_size > 1 else None
 
 
