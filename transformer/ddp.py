@@ -202,5 +202,5 @@ def main(args):
 
 
 if __name__ == "__main__":
-    parser = text.parser(__doc__)
+    parser = text.parser(__doc__, "ddp")
     plumbing.run_main(main, parser) if plumbing else main(parser.parse_args())

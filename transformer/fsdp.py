@@ -245,5 +245,5 @@ def main(args):
 
 
 if __name__ == "__main__":
-    parser = text.parser(__doc__, ranks=who_am_i()[2])  # + --replicate, --bf16; checked
+    parser = text.parser(__doc__, "fsdp", who_am_i()[2])  # + --replicate, --bf16; checked
     plumbing.run_main(main, parser) if plumbing else main(parser.parse_args())

@@ -29,20 +29,27 @@ class Config:
         return {k: getattr(self, k) for k in ("vocab", "context", "layers", "heads", "width")}
 
 
+def causal_attention(q, k, v, dropout=0.0):
+    """softmax(Q K^T / sqrt(head size)) V, each token attending to itself and the tokens before it.
+    Shapes [B, heads, T, head size]. context_parallel.py swaps in its ring attention here."""
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout)
+
+
 class SelfAttention(nn.Module):
     def __init__(self, c):
         super().__init__()
-        self.heads, self.dropout = c.heads, c.dropout
-        self.qkv = nn.Linear(c.width, 3 * c.width)  # queries, keys, values in one matmul
+        self.head_size, self.dropout, self.attend = c.width // c.heads, c.dropout, causal_attention
+        self.q = nn.Linear(c.width, c.width)  # queries, keys, values: three matmuls (a tensor-
+        self.k = nn.Linear(c.width, c.width)  # parallel rank takes the same heads' columns of each)
+        self.v = nn.Linear(c.width, c.width)
         self.proj = nn.Linear(c.width, c.width)
 
     def forward(self, x):
-        B, T, C = x.shape
-        q, k, v = (t.view(B, T, self.heads, C // self.heads).transpose(1, 2)
-                   for t in self.qkv(x).split(C, dim=2))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True,  # no look at later tokens
-                                           dropout_p=self.dropout if self.training else 0.0)
-        return self.proj(y.transpose(1, 2).reshape(B, T, C))
+        B, T, _ = x.shape  # heads: as many as the columns here hold (tensor parallel: this rank's)
+        q, k, v = (f(x).view(B, T, -1, self.head_size).transpose(1, 2)
+                   for f in (self.q, self.k, self.v))
+        y = self.attend(q, k, v, self.dropout if self.training else 0.0)
+        return self.proj(y.transpose(1, 2).reshape(B, T, -1))
 
 
 class Block(nn.Module):
@@ -90,9 +97,9 @@ class GPT(nn.Module):
                                          src_data_rank=None)
             p.copy_(full)
 
-    def forward(self, idx):
+    def forward(self, idx, start=0):  # start: the first token's position (context parallel)
         T = idx.shape[1]
-        x = self.tokens(idx) + self.positions(torch.arange(T, device=idx.device))
+        x = self.tokens(idx) + self.positions(torch.arange(start, start + T, device=idx.device))
         for block in self.blocks:  # recompute: the block runs again in backward, from its input
             recompute = self.config.recompute and torch.is_grad_enabled()
             x = checkpoint(block, x, use_reentrant=False) if recompute else block(x)

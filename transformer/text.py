@@ -53,10 +53,10 @@ def windows(tokens, starts, context):
     return rows[:, :-1], rows[:, 1:]
 
 
-def parser(doc, ranks=None):
-    """The course's flags, with the chapter's defaults, + the model's sizes; checked on parsing.
-    ranks (fsdp.py): + --replicate, checked against that world size; else (ddp.py) --compile."""
-    p = get_parser(doc, cls=lambda **kwargs: Parser(ranks, **kwargs))
+def parser(doc, lesson, ranks=1):
+    """The course's flags, with the chapter's defaults, + the model's sizes, + the lesson's own
+    (ddp, fsdp, tp, cp, ...); checked on parsing against the `ranks` the launcher started."""
+    p = get_parser(doc, cls=lambda **kwargs: Parser(lesson, ranks, **kwargs))
     for action in p._actions:  # (the same flag, this chapter's data)
         if action.dest == "data_dir":
             action.help = "folder with input.txt; default: Python's standard library sources"
@@ -69,40 +69,45 @@ def parser(doc, ranks=None):
     flag("--layers", type=positive_int, default=6, help="transformer blocks")
     flag("--heads", type=positive_int, default=4, help="attention heads per block")
     flag("--width", type=positive_int, default=128, help="embedding size (the MLP: 4x)")
-    flag = p.add_argument_group("memory against time").add_argument
-    flag("--activation-checkpointing", action="store_true", help="keep only each block's input "
-         "for backward and compute the block again there: less memory, about 1/3 more compute")
-    flag("--bf16", action="store_true", help="mixed precision: compute in bf16, keep weights and "
-         "optimizer in fp32 (ddp.py: torch.autocast; fsdp.py: MixedPrecisionPolicy, gradients "
-         "reduced in fp32)")
-    if ranks:
-        flag = p.add_argument_group("sharding").add_argument
+    if lesson in ("ddp", "fsdp"):
+        flag = p.add_argument_group("memory against time").add_argument
+        flag("--activation-checkpointing", action="store_true", help="keep only each block's "
+             "input for backward and compute the block again there: less memory, about 1/3 "
+             "more compute")
+        flag("--bf16", action="store_true", help="mixed precision: compute in bf16, keep weights "
+             "and optimizer in fp32 (ddp.py: torch.autocast; fsdp.py: MixedPrecisionPolicy, "
+             "gradients reduced in fp32)")
+    flag = p.add_argument_group("parallelism").add_argument
+    if lesson == "fsdp":
         flag("--replicate", type=positive_int, default=1, help="HSDP: this many copies of the "
              "model, each sharded over world size / replicate ranks (1: FSDP, one shard group)")
-    else:
+    if lesson == "ddp":
         flag("--compile", action="store_true", help="torch.compile the (DDP-wrapped) model: "
              "compiling costs the first step, fused kernels may speed up the rest")
+    if lesson == "tp":
+        flag("--dp", type=positive_int, default=1, help="data-parallel ranks: the ranks form a "
+             "dp x tp mesh, tp = world size / dp; dp > 1 shards with FSDP2")
     return p
 
 
 class Parser(parse_args.Parser):
-    def __init__(self, ranks, **kwargs):
+    def __init__(self, lesson, ranks, **kwargs):
         super().__init__(**kwargs)
-        self.ranks = ranks
+        self.lesson, self.ranks = lesson, ranks
 
     def parse_known_args(self, args=None, namespace=None):
         args, rest = super().parse_known_args(args, namespace)
-        for problem in problems(args, self.ranks):
+        for problem in problems(args, self.lesson, self.ranks):
             self.error(problem)  # one line, exit 2
         return args, rest
 
 
-def problems(args, ranks=None):
-    """What the chapter's lessons cannot do with these flags (fsdp.py: on `ranks` ranks)."""
-    if ranks and ranks % args.replicate:
+def problems(args, lesson, ranks=1):
+    """What the chapter's lesson cannot do with these flags on `ranks` ranks."""
+    if lesson == "fsdp" and ranks % args.replicate:
         yield f"--replicate {args.replicate} does not divide the {ranks} rank(s) into copies"
-    if (args.bf16 and args.device in ("auto", "cuda") and torch.cuda.is_available()
-            and not torch.cuda.is_bf16_supported()):  # (CPUs: torch computes bf16 on any, slowly)
+    if (getattr(args, "bf16", False) and args.device in ("auto", "cuda")
+            and torch.cuda.is_available() and not torch.cuda.is_bf16_supported()):  # (CPUs: any)
         yield f"--bf16: {torch.cuda.get_device_name()} has no bfloat16 arithmetic (--device cpu)"
     if args.momentum is not None:
         yield "--momentum: the transformer trains with AdamW (betas 0.9, 0.95), not SGD"
@@ -110,3 +115,17 @@ def problems(args, ranks=None):
         yield "--grad-accum/--lr-warmup-epochs: not in the transformer lessons"
     if args.width % args.heads:
         yield f"--heads {args.heads} does not divide --width {args.width}"
+    split = ranks // args.dp if hasattr(args, "dp") else ranks  # (tp.py: ranks = dp x tp)
+    if hasattr(args, "dp") and ranks % args.dp:
+        yield f"--dp {args.dp} does not divide the {ranks} rank(s) into dp x {lesson}"
+    elif lesson == "tp" and args.heads % split:
+        yield (f"--heads {args.heads}: {split} tensor-parallel ranks need a multiple of {split} "
+               "(each rank computes whole heads)")
+    elif lesson in ("tp", "cp") and args.context % split:
+        yield (f"--context {args.context} does not divide into {split} equal parts of the "
+               f"sequence, one per {lesson} rank")
+    if lesson not in ("ddp", "fsdp") and (args.resume or args.checkpoint_dir):
+        yield ("--resume/--checkpoint-dir: this lesson keeps no checkpoints (fsdp.py shows DCP, "
+               "which saves DTensors of any layout); --save-model writes the final weights")
+    if lesson not in ("ddp", "fsdp") and args.dropout:
+        yield "--dropout: the model-splitting lessons train without it (equal to one process)"
