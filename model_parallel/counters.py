@@ -73,7 +73,7 @@ def pipeline_report(part, stage, state, timing, wire, k, schedule):
 
 
 WIRE_OPS = ("all_reduce", "allreduce_", "all_gather_into_tensor", "reduce_scatter_tensor",
-            "broadcast_", "send")
+            "broadcast_", "send", "alltoall_base_")
 
 
 class WireBytes(TorchDispatchMode):

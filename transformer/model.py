@@ -23,6 +23,9 @@ class Config:
     dropout: float = 0.0
     seed: int = 0  # of the initial weights
     recompute: bool = False  # activation checkpointing: blocks keep only their input for backward
+    experts: int = 0  # > 0: each block's MLP is a mixture of this many experts (MoE)
+    top_k: int = 2  # experts per token
+    capacity_factor: float = 1.25  # an expert takes at most this x its even share of a sequence
 
     def shape(self):
         """What a checkpoint of this model is a checkpoint of: another model, another shape."""
@@ -52,13 +55,55 @@ class SelfAttention(nn.Module):
         return self.proj(y.transpose(1, 2).reshape(B, T, -1))
 
 
+def mlp(c):
+    return nn.Sequential(nn.Linear(c.width, 4 * c.width), nn.GELU(), nn.Linear(4 * c.width, c.width),
+                         nn.Dropout(c.dropout))
+
+
+class MoE(nn.Module):
+    """A mixture of experts in place of the MLP: a router scores the experts for each token, the
+    token goes to its top_k (its output: theirs, weighted by the router's probabilities). Each
+    expert takes at most `capacity` tokens of a sequence (top choices first, then by position);
+    a token over it is dropped there (the residual carries it on). The experts' work is one
+    fixed-shape buffer [sequences, experts, capacity, width]: `compute` runs it (here: all the
+    experts, in this process; expert parallel (ep.py): exchanged between ranks)."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.k, self.capacity = c.top_k, math.ceil(c.capacity_factor * c.context * c.top_k
+                                                    / c.experts)
+        self.router = nn.Linear(c.width, c.experts, bias=False)
+        self.experts = nn.ModuleList(mlp(c) for _ in range(c.experts))
+        self.compute = self.run_experts
+        self.load = torch.zeros(2, c.experts, dtype=torch.long)  # tokens routed, dropped
+
+    def run_experts(self, buffer):  # [B, experts, capacity, C]: each expert its slots
+        return torch.stack([e(buffer[:, i]) for i, e in enumerate(self.experts)], dim=1)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        weight, expert = self.router(x).softmax(-1).topk(self.k, dim=-1)  # [B, T, k] each
+        chosen = F.one_hot(expert, len(self.load[0])).transpose(1, 2)  # [B, k, T, experts]
+        queue = chosen.flatten(1, 2).cumsum(1).view_as(chosen) - 1  # place in its expert's queue
+        slot = (queue * chosen).sum(-1).transpose(1, 2)  # [B, T, k]: first choices first
+        kept = slot < self.capacity
+        self.load += torch.stack([torch.bincount(expert.flatten(), minlength=self.load.shape[1]),
+                                  torch.bincount(expert[~kept], minlength=self.load.shape[1])]
+                                 ).cpu() if self.training else 0
+        b, t, j = kept.nonzero(as_tuple=True)  # the (sequence, token, choice)s that fit
+        buffer = x.new_zeros(B, len(self.load[0]), self.capacity, C)
+        buffer = buffer.index_put((b, expert[b, t, j], slot[b, t, j]), x[b, t])
+        out = self.compute(buffer)
+        return x.new_zeros(B, T, C).index_put(  # each token: its experts' outputs, weighted
+            (b, t), out[b, expert[b, t, j], slot[b, t, j]] * weight[b, t, j, None], accumulate=True)
+
+
 class Block(nn.Module):
     def __init__(self, c):
         super().__init__()
         self.norm1, self.attn = nn.LayerNorm(c.width), SelfAttention(c)
         self.norm2 = nn.LayerNorm(c.width)
-        self.mlp = nn.Sequential(nn.Linear(c.width, 4 * c.width), nn.GELU(),
-                                 nn.Linear(4 * c.width, c.width), nn.Dropout(c.dropout))
+        self.mlp = MoE(c) if c.experts else mlp(c)
 
     def forward(self, x):  # pre-norm: x + f(norm(x)), twice
         x = x + self.attn(self.norm1(x))
@@ -90,7 +135,8 @@ class GPT(nn.Module):
                 nn.init.ones_(full) if name.endswith("weight") else nn.init.zeros_(full)
             else:  # residual projections scaled down by the depth
                 std = 0.02 / math.sqrt(2 * self.config.layers) if name.endswith(
-                    ("proj.weight", "mlp.2.weight")) else 0.02
+                    ("proj.weight", "mlp.2.weight")) or ".experts." in name and name.endswith(
+                    "2.weight") else 0.02
                 nn.init.normal_(full, mean=0.0, std=std, generator=draw)
             if isinstance(p, DTensor):  # every rank drew the same: each keeps its slice, no sends
                 full = distribute_tensor(full.to(p.device), p.device_mesh, p.placements,
@@ -134,6 +180,8 @@ def flops_per_token(model, x, y):
         loss_fn(model(x), y).backward()
     model.zero_grad(set_to_none=True)
     model.config.recompute = recompute
+    for moe in (m for m in model.modules() if isinstance(m, MoE)):
+        moe.load.zero_()  # (the counted sequence's routing is no training's)
     return counter.get_total_flops() / y.numel()
 
 

@@ -11,7 +11,7 @@ import torch
 
 from utils import parse_args
 from utils.data import DataError
-from utils.parse_args import get_parser, positive_int
+from utils.parse_args import get_parser, positive_float, positive_int
 
 SHAKESPEARE = ("https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/"
                "input.txt")
@@ -84,6 +84,12 @@ def parser(doc, lesson, ranks=1):
     if lesson == "ddp":
         flag("--compile", action="store_true", help="torch.compile the (DDP-wrapped) model: "
              "compiling costs the first step, fused kernels may speed up the rest")
+    if lesson == "ep":
+        flag("--experts", type=positive_int, default=4, help="experts in each block's MoE, "
+             "spread evenly over the ranks")
+        flag("--top-k", type=positive_int, default=2, help="experts each token is sent to")
+        flag("--capacity-factor", type=positive_float, default=1.25, help="an expert takes at "
+             "most this x top-k x context / experts tokens of a sequence; the rest are dropped")
     if lesson == "tp":
         flag("--dp", type=positive_int, default=1, help="data-parallel ranks: the ranks form a "
              "dp x tp mesh, tp = world size / dp; dp > 1 shards with FSDP2")
@@ -124,6 +130,11 @@ def problems(args, lesson, ranks=1):
     elif lesson in ("tp", "cp") and args.context % split:
         yield (f"--context {args.context} does not divide into {split} equal parts of the "
                f"sequence, one per {lesson} rank")
+    if lesson == "ep" and args.experts % ranks:
+        yield (f"--experts {args.experts} does not divide over {ranks} expert-parallel ranks "
+               "(each holds as many)")
+    if lesson == "ep" and args.top_k > args.experts:
+        yield f"--top-k {args.top_k}: more than the {args.experts} experts (--experts)"
     if lesson not in ("ddp", "fsdp") and (args.resume or args.checkpoint_dir):
         yield ("--resume/--checkpoint-dir: this lesson keeps no checkpoints (fsdp.py shows DCP, "
                "which saves DTensors of any layout); --save-model writes the final weights")
