@@ -134,3 +134,9 @@ class TimedStage(PipelineStage):
         self.compute_s += time.perf_counter() - start
         self.in_flight -= 1
         return out
+
+    def backward_weight_one_chunk(self, *args, **kwargs):  # (zero-bubble: the weights' part later)
+        start = time.perf_counter()
+        out = super().backward_weight_one_chunk(*args, **kwargs)
+        self.compute_s += time.perf_counter() - start
+        return out

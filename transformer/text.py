@@ -53,10 +53,11 @@ def windows(tokens, starts, context):
     return rows[:, :-1], rows[:, 1:]
 
 
-def parser(doc, lesson, ranks=1):
+def parser(doc, lesson, ranks=1, schedules=None):
     """The course's flags, with the chapter's defaults, + the model's sizes, + the lesson's own
-    (ddp, fsdp, tp, cp, ...); checked on parsing against the `ranks` the launcher started."""
-    p = get_parser(doc, cls=lambda **kwargs: Parser(lesson, ranks, **kwargs))
+    (ddp, fsdp, tp, cp, ep, pp), checked on parsing against the `ranks` the launcher started.
+    schedules (pp.py): {name: stages each rank holds}."""
+    p = get_parser(doc, cls=lambda **kwargs: Parser(lesson, ranks, schedules, **kwargs))
     for action in p._actions:  # (the same flag, this chapter's data)
         if action.dest == "data_dir":
             action.help = "folder with input.txt; default: Python's standard library sources"
@@ -84,6 +85,9 @@ def parser(doc, lesson, ranks=1):
     if lesson == "ddp":
         flag("--compile", action="store_true", help="torch.compile the (DDP-wrapped) model: "
              "compiling costs the first step, fused kernels may speed up the rest")
+    if lesson == "pp":
+        flag("--schedule", choices=sorted(schedules), default="1f1b", help="pipeline schedule")
+        flag("--micro-batches", type=positive_int, default=4, help="micro-batches per batch")
     if lesson == "ep":
         flag("--experts", type=positive_int, default=4, help="experts in each block's MoE, "
              "spread evenly over the ranks")
@@ -97,18 +101,18 @@ def parser(doc, lesson, ranks=1):
 
 
 class Parser(parse_args.Parser):
-    def __init__(self, lesson, ranks, **kwargs):
+    def __init__(self, lesson, ranks, schedules, **kwargs):
         super().__init__(**kwargs)
-        self.lesson, self.ranks = lesson, ranks
+        self.lesson, self.ranks, self.schedules = lesson, ranks, schedules
 
     def parse_known_args(self, args=None, namespace=None):
         args, rest = super().parse_known_args(args, namespace)
-        for problem in problems(args, self.lesson, self.ranks):
+        for problem in problems(args, self.lesson, self.ranks, self.schedules):
             self.error(problem)  # one line, exit 2
         return args, rest
 
 
-def problems(args, lesson, ranks=1):
+def problems(args, lesson, ranks=1, schedules=None):
     """What the chapter's lesson cannot do with these flags on `ranks` ranks."""
     if lesson == "fsdp" and ranks % args.replicate:
         yield f"--replicate {args.replicate} does not divide the {ranks} rank(s) into copies"
@@ -130,6 +134,16 @@ def problems(args, lesson, ranks=1):
     elif lesson in ("tp", "cp") and args.context % split:
         yield (f"--context {args.context} does not divide into {split} equal parts of the "
                f"sequence, one per {lesson} rank")
+    stages = ranks * schedules[args.schedule] if lesson == "pp" and ranks > 1 else 1
+    if lesson == "pp" and args.layers % stages:
+        yield (f"--layers {args.layers} do not divide into {stages} equal stages ({ranks} rank(s)"
+               f" x {schedules[args.schedule]} stage(s) each for --schedule {args.schedule})")
+    if lesson == "pp" and args.batch_size % args.micro_batches:
+        yield (f"--micro-batches {args.micro_batches} does not divide --batch-size "
+               f"{args.batch_size} into equal micro-batches")
+    if lesson == "pp" and args.schedule == "1f1b" and args.micro_batches < stages:
+        yield (f"--schedule 1f1b needs at least one micro-batch per stage: --micro-batches "
+               f"{args.micro_batches} < {stages} stages")
     if lesson == "ep" and args.experts % ranks:
         yield (f"--experts {args.experts} does not divide over {ranks} expert-parallel ranks "
                "(each holds as many)")
