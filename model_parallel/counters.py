@@ -73,7 +73,7 @@ def pipeline_report(part, stage, state, timing, wire, k, schedule):
 
 
 WIRE_OPS = ("all_reduce", "allreduce_", "all_gather_into_tensor", "reduce_scatter_tensor",
-            "broadcast_", "send", "alltoall_base_")
+            "broadcast_", "send")
 
 
 class WireBytes(TorchDispatchMode):
@@ -133,10 +133,4 @@ class TimedStage(PipelineStage):
         out = super().backward_one_chunk(*args, **kwargs)
         self.compute_s += time.perf_counter() - start
         self.in_flight -= 1
-        return out
-
-    def backward_weight_one_chunk(self, *args, **kwargs):  # (zero-bubble: the weights' part later)
-        start = time.perf_counter()
-        out = super().backward_weight_one_chunk(*args, **kwargs)
-        self.compute_s += time.perf_counter() - start
         return out

@@ -33,8 +33,8 @@ SPLIT = {ROOT / TP, ROOT / PP}  # model parallel: each rank holds other weights,
 # with the course's run), and FSDP2's sharded checkpoint saved at 2 ranks, loaded by one process.
 ZERO_RUNS = [(ROOT / ZERO, "torchrun", "ds3"), (ROOT / ZERO, "mpiexec", "torch-fsdp2"),
              (ROOT / support.FSDP_CKPT, "torchrun", None), (ROOT / support.FSDP_CKPT, "mpiexec", None)]
-LIFTS_OUT = list(LAUNCHED_BY) + [ROOT / ZERO, ROOT / support.FSDP_CKPT, ROOT / "transformer" / "ddp.py",
-                                 ROOT / "transformer" / "fsdp.py"]
+CHAPTER = [ROOT / "transformer" / f"{name}.py" for name in ("ddp", "fsdp", "tp", "cp", "ep", "pp")]
+LIFTS_OUT = list(LAUNCHED_BY) + [ROOT / ZERO, ROOT / support.FSDP_CKPT, *CHAPTER]
 RUNS = [(lesson, launcher) for lesson, launchers in LAUNCHED_BY.items() for launcher in launchers]
 HELPER_LINES = 400  # the helpers a lifted lesson takes along, all together
 OPTIONAL = "plumbing"  # the module a lesson imports in try/except ImportError: not taken along
@@ -206,8 +206,7 @@ def test_a_copy_refuses_a_bad_flag_in_one_line(lifted, lesson):
         "main.py: error: argument --batch-size: must be a positive integer, got 0 (see main.py --help)"]
 
 
-@pytest.mark.parametrize("lesson", [ROOT / DS, ROOT / TP, ROOT / PP, ROOT / ZERO, ROOT / support.FSDP_CKPT,
-                                    ROOT / "transformer" / "ddp.py", ROOT / "transformer" / "fsdp.py"],
+@pytest.mark.parametrize("lesson", [ROOT / DS, ROOT / TP, ROOT / PP, ROOT / ZERO, ROOT / support.FSDP_CKPT, *CHAPTER],
                          ids=lambda p: p.relative_to(ROOT).as_posix())
 def test_each_torch_lesson_reads_the_launchers_as_the_ddp_lesson_does(lesson):
     """[1] is written out in every torch lesson (each lifts out alone): the same table, the same reading."""

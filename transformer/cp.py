@@ -24,9 +24,9 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from model_parallel.counters import WireBytes  # counts what this rank hands to collectives
 from transformer import model as gpt  # the chapter's model
 from transformer import text  # its text (bytes) and flags
+from transformer.measure import WireBytes  # counts what this rank hands to collectives
 from utils import log  # the course's helper: rank 0's lines and run files
 
 FRAMEWORK = "transformer-cp"

@@ -26,9 +26,9 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.nn.functional import all_to_all_single  # (autograd: backward sends back)
 
-from model_parallel.counters import WireBytes  # counts what this rank hands to collectives
 from transformer import model as gpt  # the chapter's model
 from transformer import text  # its text (bytes) and flags
+from transformer.measure import WireBytes  # counts what this rank hands to collectives
 from utils import log  # the course's helper: rank 0's lines and run files
 
 FRAMEWORK = "transformer-ep"

@@ -32,9 +32,9 @@ from torch.distributed.pipelining import (
     ScheduleInterleavedZeroBubble,
 )
 
-from model_parallel.counters import TimedStage, WireBytes  # (a PipelineStage that times itself)
 from transformer import model as gpt  # the chapter's model
 from transformer import text  # its text (bytes) and flags
+from transformer.measure import TimedStage, WireBytes  # (a PipelineStage that times itself)
 from utils import log  # the course's helper: rank 0's lines and run files
 
 FRAMEWORK = "transformer-pp"

@@ -35,9 +35,9 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from model_parallel.counters import WireBytes  # counts what this rank hands to collectives
 from transformer import model as gpt  # the chapter's model
 from transformer import text  # its text (bytes) and flags
+from transformer.measure import WireBytes  # counts what this rank hands to collectives
 from utils import log  # the course's helper: rank 0's lines and run files
 
 FRAMEWORK = "transformer-tp"

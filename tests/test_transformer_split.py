@@ -1,0 +1,134 @@
+"""transformer/tp.py, cp.py, ep.py, pp.py: the chapter's GPT split four more ways (tensor and sequence, context,
+experts, pipeline stages), under the real launchers on real text. Each ends as one process on the same model,
+data and batch: the same losses every epoch, and the same weights (the lessons' --save-model gathers them)."""
+import math
+
+import pytest
+import torch
+
+from support import (
+    EXAMPLES,
+    GPT_DDP,
+    assert_each_rank_refused,
+    check,
+    metrics,
+    mpiexec,
+    python,
+    run,
+    summary,
+    torchrun,
+)
+
+TP, CP, EP, PP = (EXAMPLES[f"transformer-{kind}"] for kind in ("tp", "cp", "ep", "pp"))
+# 4 blocks: 2 ranks x 2 stages for the interleaved schedules. 2 epochs of 3 steps of 8 sequences.
+MODEL = ["--layers", "4", "--width", "64", "--heads", "2", "--context", "32", "--num-threads", "1"]
+RUN = [*MODEL, "--epochs", "2", "--max-steps", "3", "--no-lr-scaling", "--save-model"]
+
+
+def assert_same_training(log_dir, one_dir, name):
+    """Every epoch's losses (relative 1e-5) and the final weights as the one process's. The split arithmetic
+    sums in another order, so the gradients differ in their last bits; AdamW's first steps move a weight by
+    about the LR (3e-3) whatever its gradient's size, so where a gradient is within rounding of zero a weight
+    may end up apart by up to the LR. So: all but 1 in 10,000 weights within 2e-5, and none an LR apart (a
+    missing sum or a wrong slice moves most of them by more)."""
+    one = torch.load(one_dir / "model.pt", weights_only=True)
+    split = torch.load(log_dir / "model.pt", weights_only=True)
+    assert split.keys() == one.keys(), name
+    diffs = torch.cat([(split[key].float() - one[key].float()).abs().flatten() for key in one])
+    worst = max(one, key=lambda key: (split[key].float() - one[key].float()).abs().max().item())
+    assert (diffs > 2e-5).sum() <= diffs.numel() // 10_000 and diffs.max() < 3e-3, (name, worst, diffs.max())
+    history = metrics(log_dir)
+    assert len(history) == 2 and history[1]["test_loss"] < history[0]["test_loss"], history
+    for a, b in zip(history, metrics(one_dir), strict=True):
+        for kind in ("train_loss", "test_loss"):
+            assert math.isclose(a[kind], b[kind], rel_tol=1e-5), (name, kind, a, b)
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    """ddp.py's one process on the whole batch of 8 sequences: the model every split below must end as."""
+    log_dir = tmp_path_factory.mktemp("split") / "one"
+    check(run(python(GPT_DDP, *RUN, "--batch-size", "8", "--log-dir", log_dir), timeout=240))
+    return log_dir
+
+
+def test_tensor_and_sequence_parallel_trains_as_one_process_sending_what_it_counts(one_process, tmp_path):
+    """2 tp ranks take the same 8 sequences, each computing half the heads and MLP columns and holding half
+    the tokens between them; the collectives DTensor issued in a step are exactly the lesson's count (per
+    block 4 all-gathers and 4 reduce-scatters of activations, 4 all-reduces of the norms' gradients)."""
+    check(run(torchrun(2, TP, *RUN, "--batch-size", "8", "--log-dir", tmp_path), timeout=300))
+    assert_same_training(tmp_path, one_process, "tp")
+    s = summary(tmp_path)
+    assert s["wire_per_step"] == s["wire_counted"], (s["wire_per_step"], s["wire_counted"])
+    reduce_scatter = s["wire_counted"]["_c10d_functional.reduce_scatter_tensor"]
+    assert reduce_scatter == {"calls": 4 * 4, "bytes": 4 * 4 * 8 * 32 * 64 * 4}, reduce_scatter
+    full = sum(t.nbytes for t in torch.load(one_process / "model.pt", weights_only=True).values()) - 256 * 64 * 4
+    held = s["param_bytes_per_rank"]  # (full: the tied head counted once) the blocks halved, the rest whole
+    assert held[0] == held[1] and 0.5 * full < held[0] < 0.75 * full, (held, full)
+
+
+def test_two_dimensional_fsdp2_by_tensor_parallel_trains_as_one_process(one_process, tmp_path):
+    """4 ranks (oversubscribed on 2 cores) = 2 FSDP2 shards x 2 tensor-parallel ranks, 4 sequences each copy."""
+    check(run(torchrun(4, TP, *RUN, "--dp", "2", "--batch-size", "4", "--log-dir", tmp_path), timeout=400))
+    assert_same_training(tmp_path, one_process, "dp 2 x tp 2")
+    s = summary(tmp_path)
+    assert (s["dp"], s["tp"]) == (2, 2)
+    held = s["param_bytes_per_rank"]
+    assert len(set(held)) == 1 and held[0] < 0.4 * sum(
+        t.nbytes for t in torch.load(one_process / "model.pt", weights_only=True).values()), held
+
+
+def test_ring_attention_trains_as_one_process_under_mpiexec(one_process, tmp_path):
+    """2 ranks, each 16 of every sequence's 32 tokens: the keys and values go round the ring (and their
+    gradients back), and the sends in a step are the lesson's count."""
+    check(run(mpiexec(2, CP, *RUN, "--batch-size", "8", "--log-dir", tmp_path), timeout=300))
+    assert_same_training(tmp_path, one_process, "cp")
+    s = summary(tmp_path)
+    assert s["wire_per_step"]["c10d.send"] == s["wire_counted"]["c10d.send"], s["wire_per_step"]
+    assert s["wire_counted"]["c10d.send"]["calls"] == 4 * (4 * 1 + 2 * 2)
+
+
+def test_expert_parallel_equals_the_same_mixture_in_one_process(tmp_path):
+    """4 experts, 2 on each rank, top-2 routing, tokens exchanged with all_to_all: the same training as
+    ep.py's one process on the combined batch, the same tokens per expert and the same dropped ones. With a
+    capacity large enough for every token, none is dropped."""
+    check(run(python(EP, *RUN, "--batch-size", "8", "--log-dir", tmp_path / "one"), timeout=240))
+    result = check(run(torchrun(2, EP, *RUN, "--batch-size", "4", "--log-dir", tmp_path / "two"), timeout=300))
+    assert_same_training(tmp_path / "two", tmp_path / "one", "ep")
+    one, two = summary(tmp_path / "one"), summary(tmp_path / "two")
+    assert one["expert_tokens"] == two["expert_tokens"] and one["expert_dropped"] == two["expert_dropped"]
+    assert sum(one["expert_tokens"]) == 4 * 2 * 2 * 3 * 8 * 32  # blocks x top-2 x epochs x steps x tokens
+    assert 0 < sum(two["expert_dropped"]) < sum(two["expert_tokens"]) and "dropped over capacity" in result.stdout
+    assert two["wire_per_step"]["c10d.alltoall_base_"]["calls"] == 4 * 4  # 2 forward, 2 backward, per block
+    check(run(python(EP, *RUN, "--batch-size", "8", "--capacity-factor", "2", "--log-dir", tmp_path / "all"),
+              timeout=240))
+    assert sum(summary(tmp_path / "all")["expert_dropped"]) == 0
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "interleaved-1f1b", "zero-bubble"])
+def test_each_pipeline_schedule_trains_as_one_process(one_process, tmp_path, schedule):
+    """2 ranks, 4 micro-batches of 2: 2 stages (interleaved: 4, two a rank). The tied embedding's two copies,
+    on the first and the last stage, stay one weight; the measured idle share is a share of a step."""
+    check(run(torchrun(2, PP, *RUN, "--batch-size", "8", "--schedule", schedule, "--log-dir", tmp_path),
+              timeout=300))
+    assert_same_training(tmp_path, one_process, schedule)
+    s = summary(tmp_path)
+    assert s["stages"] == (4 if schedule in ("interleaved-1f1b", "zero-bubble") else 2)
+    assert all(0 < idle < 1 for idle in s["idle_fraction"]), s["idle_fraction"]
+    assert s["idle_fraction_theory"] == pytest.approx(1 / ((s["stages"] // 2) * 4 + 1))
+
+
+@pytest.mark.parametrize("script, flags, words", [
+    (TP, ["--heads", "3", "--width", "96"], "--heads 3: 2 tensor-parallel ranks need a multiple of 2"),
+    (TP, ["--dp", "3"], "--dp 3 does not divide the 2 rank(s)"),
+    (CP, ["--context", "33"], "--context 33 does not divide into 2 equal parts"),
+    (EP, ["--experts", "3"], "--experts 3 does not divide over 2 expert-parallel ranks"),
+    (PP, ["--layers", "3"], "--layers 3 do not divide into 2 equal stages"),
+    (PP, ["--layers", "6", "--schedule", "interleaved-1f1b"], "--layers 6 do not divide into 4 equal stages"),
+    (PP, ["--micro-batches", "1"], "--schedule 1f1b needs at least one micro-batch per stage"),
+    (PP, ["--micro-batches", "3"], "--micro-batches 3 does not divide --batch-size 16"),
+])
+def test_a_split_that_does_not_fit_is_one_line_naming_the_flag_on_every_rank(script, flags, words):
+    result = run(mpiexec(2, script, *flags), timeout=120)
+    assert_each_rank_refused(result, words, 2, "mpiexec")
+    assert result.returncode == 2
