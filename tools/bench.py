@@ -24,6 +24,9 @@ all-reduce of the gradients' size is timed alone by each way the examples move t
     python tools/bench.py --transformer [--quick]
                                      # the transformer chapter: its lessons at 2 ranks against the ceiling,
                                      # ddp.py's memory-against-time flags (bench_transformer.py; 3 x 20 steps)
+    python tools/bench.py --split [--quick]
+                                     # the chapter's split lessons (tp, cp, ep, pp and its schedules) at 2 ranks
+                                     # against ddp.py at 2 (bench_split.py; 3 x 20 steps)
     python tools/bench.py --only deepspeed --zero-stage 0
                                      # one example, every run of it with flags of its own (not those the
                                      # bench sets: --epochs --max-steps --batch-size --num-threads ...)
@@ -52,6 +55,7 @@ from pathlib import Path
 import bench_overhead
 import bench_phases
 import bench_runs
+import bench_split
 import bench_transformer
 import bench_wire
 from bench_report import combine, print_table, write_report
@@ -90,6 +94,9 @@ def parse_args(argv=None):
                         help="only the transformer chapter (tools/bench_transformer.py): its lessons at 2 ranks "
                              "against the ceiling, and ddp.py's memory-against-time flags, written to "
                              "runs/bench/transformer.json unless --out")
+    parser.add_argument("--split", action="store_true",
+                        help="only the transformer chapter's split lessons (tools/bench_split.py) at 2 ranks "
+                             "against ddp.py at 2, written to runs/bench/split.json unless --out")
     parser.add_argument("--overhead", choices=list(BENCHED), help=argparse.SUPPRESS)
     # Flags the bench does not know go to the example, in every run of it (`--only deepspeed --zero-stage 0`): one
     # example at a time, and never the flags the bench sets itself, so that every run stays comparable.
@@ -108,13 +115,16 @@ def parse_args(argv=None):
         parser.error(f"{' '.join(taken)}: the bench sets this flag itself in every run (see --help)")
     if args.phases and (args.versus_args is not None or "horovod-tensorflow" in (args.only or ())):
         parser.error("--phases times the PyTorch examples (TensorFlow runs its step as one graph), without --versus")
-    if args.transformer and (args.only or args.phases or args.versus_args is not None or args.example_args):
-        parser.error("--transformer measures the chapter's own runs: without --only, --phases, --versus or "
-                     "flags for an example")
-    args.epochs = args.epochs or (3 if args.transformer else 4)
-    args.steps = args.steps or (20 if args.transformer else 40)
+    for chapter in ("transformer", "split"):
+        if getattr(args, chapter) and (args.only or args.phases or args.versus_args is not None
+                                       or args.example_args or args.transformer and args.split):
+            parser.error(f"--{chapter} measures the chapter's own runs: without --only, --phases, --versus, "
+                         "flags for an example or the other chapter flag")
+    args.epochs = args.epochs or (3 if args.transformer or args.split else 4)
+    args.steps = args.steps or (20 if args.transformer or args.split else 40)
     args.out = args.out or str(ROOT / "runs" / "bench" / ("phases.json" if args.phases else "transformer.json"
-                                                          if args.transformer else "latest.json"))
+                                                          if args.transformer else "split.json" if args.split
+                                                          else "latest.json"))
     if args.repeat is None:  # --versus: an even count, so that each set of flags goes first as often
         args.repeat = 1 if args.quick else 4 if args.versus_args is not None else 3
     if args.repeat < 1 or args.epochs < 2 or args.steps < 1 or args.pairs < 1 or args.part_steps < 1:
@@ -136,6 +146,16 @@ def main(argv=None):
         return
     names = args.only or list(BENCHED)
     started = time.strftime("%Y-%m-%d %H:%M")
+    if args.split:
+        print(f"bench --split: {args.repeat} round(s) of {args.epochs} epochs x {args.steps} steps, each split "
+              "lesson and ddp.py at 2 ranks, 1 thread per rank", flush=True)
+        with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+            rounds = []
+            for r in range(args.repeat):
+                (Path(tmp) / f"round-{r + 1}").mkdir()
+                rounds.append(bench_split.measure_round(args, Path(tmp) / f"round-{r + 1}", r + 1))
+        write_report(args, started, bench_split.print_report, rounds=rounds, combined=bench_split.combine(rounds))
+        return
     if args.transformer:
         print(f"bench --transformer: {args.repeat} round(s) of {args.epochs} epochs x {args.steps} steps, the "
               "chapter's default model, 1 thread per rank", flush=True)
