@@ -4,7 +4,8 @@
 
 Per step (ProfilerStep#N on the rank's main thread), the step's time is split into:
   compute  the main thread runs operators (and a --slow-rank's injected delay: slow work);
-  comm     the main thread is inside a collective call (c10d::*, gloo, nccl, Horovod);
+  comm     the main thread is inside a collective call (c10d::*, gloo, nccl, Horovod), or waits for
+           one (DTensor's functional collectives: _c10d_functional::wait_tensor);
   wait     the main thread is inside backward, Horovod's synchronize or the optimizer step but runs
            nothing:
            it waits for the other ranks' gradients (DDP's last bucket, Horovod's all-reduces);
@@ -20,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-COMM_MARKS = ("c10d::", "gloo", "nccl", "xccl", "horovod", "mpi")
+COMM_MARKS = ("c10d::", "c10d_functional::", "gloo", "nccl", "xccl", "horovod", "mpi")
 WAIT_PHASES = ("phase:backward", "phase:wait", "phase:optimizer")
 
 

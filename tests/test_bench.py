@@ -13,6 +13,7 @@ import bench_cpu
 import bench_overhead
 import bench_report
 import bench_runs
+import bench_split
 import bench_transformer
 import bench_wire
 
@@ -398,3 +399,35 @@ def test_the_transformer_bench_measures_each_lesson_and_each_knob_from_its_runs(
         assert row["peak_memory_bytes"] > 100 * 2**20 and 0 < row["mfu"] < 1, (name, row)
     assert report["combined"]["ceiling"] == [r["ceiling"], [r["ceiling"], r["ceiling"]]]
     assert 0 < r["fsdp_alone_vs_ddp_alone"] < 2
+
+
+# --- the split lessons (tools/bench_split.py) -----------------------------------------------------------------
+def test_split_rounds_combine_into_medians_and_ranges(capsys):
+    def row(tokens, ddp, wire, idle=None):
+        r = {"tokens_per_s_per_rank": tokens, "wire_bytes": wire, "peak_memory_bytes": 800 * 2**20,
+             "vs_ddp": tokens / ddp}
+        return r if idle is None else dict(r, idle=idle, idle_theory=0.2)
+    rounds = [{"ddp": row(d, d, 2**20), "pp 1f1b": row(p, d, 2**19, idle)}
+              for d, p, idle in ((1000, 900, 0.3), (800, 800, 0.25), (900, 450, 0.4))]
+    combined = bench_split.combine(rounds)
+    assert combined["ddp"]["vs_ddp"] == (1.0, [1.0, 1.0])
+    assert combined["pp 1f1b"]["vs_ddp"] == (pytest.approx(0.9), [0.5, 1.0])
+    assert combined["pp 1f1b"]["idle"] == (0.3, [0.25, 0.4])
+    report = json.loads(json.dumps({"combined": combined, "repeat": 3, "epochs": 3, "steps": 20, "date": "d"}))
+    bench_split.print_report(report)
+    out = capsys.readouterr().out
+    assert "0.90 (0.50-1.00)" in out and "30% (20%)" in out and "1.00" in out.split("ddp")[1]
+
+
+@pytest.mark.long  # 8 runs at 2 ranks, about 2 minutes: `make test-all`
+def test_the_split_bench_measures_every_lesson_against_ddp_from_its_runs(tmp_path):
+    out = tmp_path / "split.json"
+    check(run(python("tools/bench.py", "--split", "--quick", "--out", out), timeout=900))
+    report = json.loads(out.read_text())
+    (r,) = report["rounds"]
+    assert set(r) == set(bench_split.RUNS)
+    for name, row in r.items():
+        assert row["vs_ddp"] == pytest.approx(row["tokens_per_s_per_rank"] / r["ddp"]["tokens_per_s_per_rank"])
+        assert row["wire_bytes"] > 0 and row["peak_memory_bytes"] > 100 * 2**20, (name, row)
+        assert ("idle" in row) == name.startswith("pp") and 0 < row.get("idle", 0.5) < 1, (name, row)
+    assert r["tp"]["wire_bytes"] > r["ddp"]["wire_bytes"] > r["pp 1f1b"]["wire_bytes"]  # activations, weights, edges

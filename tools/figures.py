@@ -8,7 +8,9 @@ OUT=assets`).
     python tools/figures.py --out assets          # the same, replacing the notes' figures in assets/
     python tools/figures.py scaling --ranks 1 2   # weak + strong scaling and the batch-size sweep
     python tools/figures.py lr                    # large-batch LR lesson: 8, 32, 128, 256 emulated workers
-    python tools/figures.py diagrams              # data vs model parallelism, gradient averaging
+    python tools/figures.py diagrams              # data vs model parallelism, gradient averaging, the
+                                                  # tensor-parallel block, ring attention
+    python tools/figures.py pipeline              # transformer/pp.py's schedules, measured at 2 ranks
     python tools/figures.py scaling --from-logs runs/polaris/ddp-scale/<job id>   # an ALCF sweep's logs
 
 Every run is a real DDP/main.py under torchrun, one thread per rank, logging into runs/figures/<study>/<run>/
@@ -30,6 +32,7 @@ tests/test_figures.py proves equal to a real larger world. Variants: no warmup, 
 gradient-norm clipping (`--clip-grad-norm`) from `--rescue-from` workers up.
 """
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -37,11 +40,14 @@ from pathlib import Path
 from figures_plots import (
     diagram_allreduce,
     diagram_parallelism,
+    diagram_ring,
+    diagram_tensor_parallel,
     plot_accuracy,
     plot_batch_efficiency,
     plot_efficiency,
     plot_epoch_time,
     plot_lr_lesson,
+    plot_pipeline,
     plot_speedup,
 )
 from figures_runs import (
@@ -49,6 +55,7 @@ from figures_runs import (
     batch_efficiency,
     find_sweeps,
     get_run,
+    launch,
     machine_from_path,
     machine_name,
     read_config,
@@ -179,11 +186,32 @@ def lr_figure(runs, args, out, machine):
     return drawn
 
 
+# --- the pipeline schedules (transformer/pp.py) -----------------------------------------------------------------
+PIPELINE = ["--layers", "4", "--batch-size", "16", "--micro-batches", "4", "--epochs", "1", "--max-steps", "6",
+            "--num-threads", "1", "--log-interval", "1000"]
+
+
+def pipeline_figure(args, out, machine):
+    """pp.py at 2 ranks with each schedule; the last training step of each drawn as time lines."""
+    runs = {}
+    for schedule in ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble"):
+        run_dir = Path(args.runs_dir) / "pipeline" / schedule
+        if not args.replot and not (args.reuse and (run_dir / "summary.json").exists()):
+            launch(2, run_dir, [*PIPELINE, "--schedule", schedule], example="transformer-pp")
+        if not (run_dir / "summary.json").exists():
+            sys.exit(f"error: --replot: no {run_dir / 'summary.json'} (run without --replot first)")
+        runs[schedule] = json.loads((run_dir / "summary.json").read_text())
+    path = out / "pipeline_schedules.png"
+    title = (f"transformer/pp.py at 2 ranks, 4 blocks, a batch of 16 sequences in 4 micro-batches, the last of "
+             f"6 steps; {machine}")
+    return {path: plot_pipeline(runs, path, title)}
+
+
 # --- command line ----------------------------------------------------------------------------------------------
 def get_parser():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("what", nargs="?", choices=["all", "scaling", "lr", "diagrams"], default="all")
+    p.add_argument("what", nargs="?", choices=["all", "scaling", "lr", "diagrams", "pipeline"], default="all")
     p.add_argument("--out", default=str(ROOT / "runs" / "figures"),
                    help="where the PNGs go (`--out assets` replaces the course notes' figures)")
     p.add_argument("--runs-dir", default=str(ROOT / "runs" / "figures"), help="where the runs' log dirs go")
@@ -228,6 +256,8 @@ def main(argv=None):
     if args.what in ("all", "diagrams") and not args.from_logs:
         diagram_parallelism(out / "diagram_parallelism.png")
         diagram_allreduce(out / "diagram_allreduce.png")
+        diagram_tensor_parallel(out / "diagram_tensor_parallel.png")
+        diagram_ring(out / "diagram_ring_attention.png")
     if args.what in ("all", "scaling"):
         if args.from_logs:
             drawn.update(from_logs(args))
@@ -239,6 +269,8 @@ def main(argv=None):
         lesson = argparse.Namespace(**vars(args))
         lesson.epochs, lesson.batch_size = args.lr_epochs, args.lr_batch_size
         drawn.update(lr_figure(lr_runs(lesson), lesson, out, machine))
+    if args.what in ("all", "pipeline") and not args.from_logs:
+        drawn.update(pipeline_figure(args, out, machine))
     print(f"[figures] done in {time.perf_counter() - start:.0f}s" + ("" if args.from_logs else f" on {machine}"))
     return drawn
 

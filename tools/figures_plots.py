@@ -1,5 +1,6 @@
 """make figures' drawings: the plots (each returns the data it drew, {"panel|label": (x, y)} read back from the
 axes: what tests/test_figures.py checks) and the two diagrams drawn by code."""
+import math
 from pathlib import Path
 
 import matplotlib
@@ -206,3 +207,114 @@ def diagram_allreduce(path):
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
     print(f"[figures] wrote {path}", flush=True)
+
+
+def diagram_tensor_parallel(path):
+    """One block under tensor + sequence parallelism at 2 ranks (transformer/tp.py): what each rank holds and
+    computes, and the collectives between."""
+    colors = ["#9ecae1", "#fdae6b"]
+    fig, ax = plt.subplots(figsize=(11, 3.6))
+    ax.set_xlim(0, 22)
+    ax.set_ylim(-0.6, 6.2)
+    ax.axis("off")
+    steps = [("norm1\nits T/2 tokens", 1.6), ("q, k, v: columns\nof its heads", 1.9),
+             ("attention of\nits heads, all T", 1.9), ("proj: its rows\npartial sums, all T", 2.0),
+             ("+ x, norm2\nits T/2 tokens", 1.7), ("MLP fc1: its\n2C columns, GELU", 2.0),
+             ("fc2: its rows\npartial sums, all T", 2.0), ("+ x\nits T/2 tokens", 1.5)]
+    between = {0: ("all-gather", "#31a354"), 3: ("reduce-\nscatter", "#e6550d"), 4: ("all-gather", "#31a354"),
+               6: ("reduce-\nscatter", "#e6550d")}
+    for rank, y in ((0, 3.6), (1, 0.6)):
+        x = 0.9
+        ax.text(0.4, y + 0.55, f"rank {rank}", rotation=90, ha="center", va="center", fontsize=8, weight="bold")
+        for i, (text, width) in enumerate(steps):
+            _box(ax, x, y, width, 1.1, text, colors[rank], fontsize=7)
+            if i < len(steps) - 1:
+                label, color = between.get(i, ("", "black"))
+                _arrow(ax, (x + width + 0.05, y + 0.55), (x + width + 0.75, y + 0.55), color=color)
+                if label and rank == 0:
+                    ax.text(x + width + 0.4, 2.45, label, ha="center", va="center", fontsize=7, color=color)
+            x += width + 0.8
+    ax.text(11, 5.75, "Megatron's layout with sequence parallelism: between the matmuls each rank holds T/2 of the "
+            "tokens; around them an all-gather and a reduce-scatter of [B, T, C]", ha="center", fontsize=8)
+    ax.text(11, -0.45, "backward: the same collectives, reversed (a reduce-scatter for each all-gather and back); "
+            "the norms' weight gradients summed over the ranks", ha="center", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    print(f"[figures] wrote {path}", flush=True)
+
+
+def diagram_ring(path, ranks=4):
+    """Ring attention (transformer/cp.py): the keys and values passed round the ranks, and which block of the
+    causal attention matrix each rank computes at which step."""
+    fig, (ring, grid) = plt.subplots(1, 2, figsize=(9, 4.2))
+    ring.set_xlim(-1.6, 1.6)
+    ring.set_ylim(-1.6, 1.6)
+    ring.set_aspect("equal")
+    ring.axis("off")
+    ring.set_title("each step: every rank sends the K, V it holds\nto the next, receives the previous rank's",
+                   fontsize=9)
+    where = [(math.sin(2 * math.pi * r / ranks), math.cos(2 * math.pi * r / ranks)) for r in range(ranks)]
+    for r, (x, y) in enumerate(where):
+        _box(ring, x - 0.32, y - 0.2, 0.64, 0.4, f"rank {r}\ntokens {r}", "#c6dbef", fontsize=7)
+        nx, ny = where[(r + 1) % ranks]
+        _arrow(ring, (x * 0.8 + nx * 0.2, y * 0.8 + ny * 0.2), (x * 0.2 + nx * 0.8, y * 0.2 + ny * 0.8),
+               color="#756bb1", rad=-0.2)
+    ring.text(0, 0, "K, V", ha="center", va="center", fontsize=9, color="#756bb1")
+    cmap = plt.get_cmap("viridis", ranks)
+    for q in range(ranks):
+        for k in range(ranks):
+            if k > q:
+                grid.add_patch(plt.Rectangle((k, ranks - 1 - q), 1, 1, fc="#f0f0f0", ec="white"))
+                continue
+            grid.add_patch(plt.Rectangle((k, ranks - 1 - q), 1, 1, fc=cmap(q - k), ec="white", alpha=0.8))
+            label = f"step {q - k}" + ("\n(causal\nmask)" if q == k else "")
+            grid.text(k + 0.5, ranks - 0.5 - q, label, ha="center", va="center", fontsize=7,
+                      color="white" if q - k < ranks / 2 else "black")
+    grid.set_xlim(0, ranks)
+    grid.set_ylim(0, ranks)
+    grid.set_xticks([k + 0.5 for k in range(ranks)], [f"keys of {k}" for k in range(ranks)], fontsize=7)
+    grid.set_yticks([ranks - 0.5 - q for q in range(ranks)], [f"rank {q}'s\nqueries" for q in range(ranks)],
+                    fontsize=7)
+    grid.set_title("rank q computes block (q, k) at step q - k;\nlater tokens' blocks (grey) are skipped", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    print(f"[figures] wrote {path}", flush=True)
+
+
+def plot_pipeline(runs, path, title):
+    """Measured pipeline schedules (transformer/pp.py's `timeline`: each rank's forwards F, backwards B and, for
+    zero bubble, weight-gradient parts W of one training step) as time lines, one row per rank. Returns
+    {"schedule|rank r": (starts, ends)} in ms from the step's first start."""
+    colors = {"F": "#6baed6", "B": "#fd8d3c", "W": "#74c476"}
+    fig, axes = plt.subplots(len(runs), 1, figsize=(10, 1.3 * len(runs) + 0.6), squeeze=False)
+    data = {}
+    for ax, (schedule, s) in zip(axes[:, 0], runs.items()):
+        t0 = min(e[3] for events in s["timeline"] for e in events)
+        end = max(e[4] for events in s["timeline"] for e in events)
+        for rank, events in enumerate(s["timeline"]):
+            y = len(s["timeline"]) - 1 - rank
+            for kind, chunk, stage, start, stop in events:
+                ax.broken_barh([((start - t0) * 1e3, (stop - start) * 1e3)], (y + 0.1, 0.8), fc=colors[kind],
+                               ec="black", lw=0.4, alpha=1.0 if stage < len(s["timeline"]) else 0.6)
+                ax.text((start + stop - 2 * t0) / 2 * 1e3, y + 0.5, f"{kind}{chunk}", ha="center", va="center",
+                        fontsize=6)
+            data[f"{schedule}|rank {rank}"] = ([(e[3] - t0) * 1e3 for e in events], [(e[4] - t0) * 1e3
+                                                                                    for e in events])
+        ax.set_yticks([len(s["timeline"]) - 0.5 - r for r in range(len(s["timeline"]))],
+                      [f"rank {r}" for r in range(len(s["timeline"]))], fontsize=7)
+        ax.set_xlim(0, (end - t0) * 1e3)
+        ax.set_title(f"{schedule}: {s['stages']} stages, {s['micro_batches']} micro-batches; idle share of the "
+                     f"run's steps {', '.join(f'{i:.0%}' for i in s['idle_fraction'])} (bubble formula "
+                     f"{s['idle_fraction_theory']:.0%})", fontsize=8)
+        ax.tick_params(axis="x", labelsize=7)
+    axes[-1, 0].set_xlabel("ms within one training step (F forward, B backward, W weights' gradients; "
+                           "paler: a rank's second stage)", fontsize=8)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    print(f"[figures] wrote {path}", flush=True)
+    return data

@@ -30,14 +30,16 @@ def machine_name():
     return f"{cpu}, {len(gpus)} x {gpus[0]}" if gpus else f"{cpu}, no GPU"
 
 
-def launch(nproc, run_dir, flags, timeout=600):
-    """One DDP run under torchrun into `run_dir` (output in run_dir/output.log); returns its metrics."""
+def launch(nproc, run_dir, flags, timeout=600, example=None):
+    """One run of `example` (default: DDP) under torchrun into `run_dir` (output in run_dir/output.log); returns
+    its metrics."""
+    example = example or EXAMPLE
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     for old in ("metrics.jsonl", "summary.json"):  # a previous run's files must not pass for this one's
         (run_dir / old).unlink(missing_ok=True)
-    cmd = launch_command(EXAMPLE, nproc, "torchrun", [*flags, "--log-dir", run_dir], bin_dir=BIN)
-    print(f"[figures] torchrun --nproc_per_node {nproc} ... {EXAMPLES[EXAMPLE]} {' '.join(map(str, flags))}",
+    cmd = launch_command(example, nproc, "torchrun", [*flags, "--log-dir", run_dir], bin_dir=BIN)
+    print(f"[figures] torchrun --nproc_per_node {nproc} ... {EXAMPLES[example]} {' '.join(map(str, flags))}",
           flush=True)
     env = dict(os.environ, PYTHONUNBUFFERED="1", PATH=f"{BIN}:{os.environ.get('PATH', '')}")
     start = time.perf_counter()

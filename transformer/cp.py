@@ -136,8 +136,10 @@ def run_epoch(model, optimizer, tokens, starts, args, device, progress=None, wir
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()  # [6] DDP averages over the ranks: the mean over all tokens
                 optimizer.step()
-        if progress is not None:
-            progress.update(step + 1, loss.item())
+        if progress is not None:  # the mean over all the tokens (rank 0's are each sequence's first)
+            mean = loss.detach().clone()
+            dist.all_reduce(mean)
+            progress.update(step + 1, mean.item() / dist.get_world_size())
         sums = [sums[0] + loss.item() * y.numel(), sums[1] + (logits.argmax(-1) == y).sum().item(),
                 sums[2] + y.numel()]
     return sums

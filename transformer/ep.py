@@ -24,7 +24,7 @@ except ImportError:
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch.distributed.nn.functional import all_to_all_single  # (autograd: backward sends back)
+from torch.distributed._functional_collectives import all_to_all_single_autograd  # (torchtitan's)
 
 from transformer import model as gpt  # the chapter's model
 from transformer import text  # its text (bytes) and flags
@@ -63,10 +63,10 @@ def expert_parallel(moe, group):
     def compute(buffer):
         B, E, capacity, C = buffer.shape
         send = buffer.transpose(0, 1).reshape(E * B * capacity, C)  # rank r's experts: part r
-        got = all_to_all_single(torch.empty_like(send), send, group=group)
+        got = all_to_all_single_autograd(send, None, None, group)  # equal parts; backward: back
         got = got.view(n, E // n, B, capacity, C)  # from each rank: its slots for my experts
         out = torch.stack([expert(got[:, i]) for i, expert in enumerate(moe.experts)], dim=1)
-        back = all_to_all_single(torch.empty_like(send), out.reshape(-1, C), group=group)
+        back = all_to_all_single_autograd(out.reshape(-1, C), None, None, group)
         return back.view(E, B, capacity, C).transpose(0, 1)
     return compute
 

@@ -9,7 +9,7 @@ from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 WIRE_OPS = ("all_reduce", "allreduce_", "all_gather_into_tensor", "reduce_scatter_tensor",
-            "broadcast_", "send", "alltoall_base_")
+            "broadcast_", "send", "all_to_all_single")
 
 
 class WireBytes(TorchDispatchMode):
@@ -49,30 +49,29 @@ class WireBytes(TorchDispatchMode):
 class TimedStage(PipelineStage):
     """A PipelineStage that also measures what the bubble is made of: seconds computing forward and
     backward of its micro-batches (the rest of a schedule step is waiting or communicating), and
-    the most micro-batches whose activations (saved for backward) it held at once."""
+    when: `events`, the last training step's (kind F, B or W (zero bubble: the weights' part of
+    backward), micro-batch, stage, start, end) in time.perf_counter() seconds (one clock for the
+    processes of one machine)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.compute_s, self.in_flight, self.peak_in_flight = 0.0, 0, 0
+        self.compute_s, self.events = 0.0, []
 
-    def forward_one_chunk(self, *args, **kwargs):
+    def timed(self, kind, chunk, work, *args, **kwargs):
         start = time.perf_counter()
-        out = super().forward_one_chunk(*args, **kwargs)
-        self.compute_s += time.perf_counter() - start
-        if self.has_backward:
-            self.in_flight += 1
-            self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+        out = work(chunk, *args, **kwargs)
+        end = time.perf_counter()
+        self.compute_s += end - start
+        if self.has_backward:  # (training; evaluation runs forward only)
+            self.events = [] if (kind, chunk) == ("F", 0) else self.events  # a new step
+            self.events.append((kind, chunk, self.stage_index, start, end))
         return out
 
-    def backward_one_chunk(self, *args, **kwargs):
-        start = time.perf_counter()
-        out = super().backward_one_chunk(*args, **kwargs)
-        self.compute_s += time.perf_counter() - start
-        self.in_flight -= 1
-        return out
+    def forward_one_chunk(self, chunk, *args, **kwargs):
+        return self.timed("F", chunk, super().forward_one_chunk, *args, **kwargs)
 
-    def backward_weight_one_chunk(self, *args, **kwargs):  # (zero-bubble: the weights' part later)
-        start = time.perf_counter()
-        out = super().backward_weight_one_chunk(*args, **kwargs)
-        self.compute_s += time.perf_counter() - start
-        return out
+    def backward_one_chunk(self, chunk, *args, **kwargs):
+        return self.timed("B", chunk, super().backward_one_chunk, *args, **kwargs)
+
+    def backward_weight_one_chunk(self, chunk, *args, **kwargs):
+        return self.timed("W", chunk, super().backward_weight_one_chunk, *args, **kwargs)

@@ -4,7 +4,7 @@ trains this file's model, so that their numbers compare."""
 import math
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 import torch.nn as nn
@@ -26,6 +26,10 @@ class Config:
     experts: int = 0  # > 0: each block's MLP is a mixture of this many experts (MoE)
     top_k: int = 2  # experts per token
     capacity_factor: float = 1.25  # an expert takes at most this x its even share of a sequence
+
+    def __repr__(self):  # (a dense model's without the experts' fields)
+        skip = () if self.experts else ("experts", "top_k", "capacity_factor")
+        return f"Config({', '.join(f'{f.name}={getattr(self, f.name)!r}' for f in fields(self) if f.name not in skip)})"
 
     def shape(self):
         """What a checkpoint of this model is a checkpoint of: another model, another shape."""

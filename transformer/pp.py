@@ -214,6 +214,8 @@ def main(args):
     v = stages // world_size
     idle, theory = [None] * world_size, (world_size - 1) / (v * args.micro_batches + world_size - 1)
     dist.all_gather_object(idle, 1 - computed / pipe_s)
+    timeline = [None] * world_size  # each rank's forwards and backwards in the last step
+    dist.all_gather_object(timeline, [event for stage in held for event in stage.events])
     tokens_per_s = run.history[-1]["samples_per_s"] / world_size if run.history else 0.0
     log.info(f"idle share of a step per rank: {', '.join(f'{i:.0%}' for i in idle)} (the "
              f"bubble, (N-1)/(v m+N-1): {theory:.0%}); {tokens_per_s:,.0f} tokens/s per rank; "
@@ -227,7 +229,7 @@ def main(args):
         log.atomic_write(Path(log_dir[0]) / "model.pt", lambda f: torch.save(state, f), mode="wb")
     run.summary({"device": device, "stages": stages, "schedule": args.schedule,
                  "micro_batches": args.micro_batches, "idle_fraction": idle,
-                 "idle_fraction_theory": theory, "tokens_per_s_per_rank": tokens_per_s,
+                 "idle_fraction_theory": theory, "timeline": timeline, "tokens_per_s_per_rank": tokens_per_s,
                  "flops_per_token": per_token, "wire_per_step": wire.per_step(),
                  "peak_memory_bytes": gpt.peak_memory(device)})
     dist.destroy_process_group()
