@@ -123,10 +123,25 @@ def test_grad_accum_equals_a_real_larger_world(tmp_path):
         torch.testing.assert_close(emulated[name], real[name], rtol=1e-4, atol=1e-5, msg=name)
 
 
+def test_the_pipeline_plot_draws_each_ranks_forwards_and_backwards_where_they_ran(tmp_path):
+    """plot_pipeline takes pp.py's summary: each rank's (kind, micro-batch, stage, start, end) in seconds of one
+    clock; it draws them in ms from the step's first start, one row per rank, one panel per schedule."""
+    timeline = [[["F", 0, 0, 10.000, 10.010], ["F", 1, 0, 10.010, 10.020], ["B", 0, 0, 10.050, 10.070]],
+                [["F", 0, 1, 10.012, 10.022], ["B", 0, 1, 10.025, 10.045]]]
+    summary = {"timeline": timeline, "stages": 2, "micro_batches": 2, "idle_fraction": [0.3, 0.2],
+               "idle_fraction_theory": 1 / 3}
+    data = figures_plots.plot_pipeline({"1f1b": summary, "gpipe": summary}, tmp_path / "pipe.png", "test")
+    assert set(data) == {f"{s}|rank {r}" for s in ("1f1b", "gpipe") for r in (0, 1)}
+    assert data["1f1b|rank 0"] == (pytest.approx([0, 10, 50]), pytest.approx([10, 20, 70]))
+    assert data["1f1b|rank 1"] == (pytest.approx([12, 25]), pytest.approx([22, 45]))
+    assert (tmp_path / "pipe.png").stat().st_size > 5000
+
+
 # --- the README's commands, with quick flags --------------------------------------------------------------------
 QUICK = ["--epochs", "2", "--max-steps", "2", "--batch-size", "32", "--global-batch", "64", "--batch-sizes", "32",
          "--workers", "4", "--rescue-from", "4", "--lr-epochs", "2", "--warmup", "1"]
-EXPECTED = ["diagram_parallelism", "diagram_allreduce", "scaling_speedup", "scaling_efficiency",
+EXPECTED = ["diagram_parallelism", "diagram_allreduce", "diagram_tensor_parallel", "diagram_ring_attention",
+            "pipeline_schedules", "scaling_speedup", "scaling_efficiency",
             "scaling_epoch_time", "scaling_accuracy", "scaling_batch_efficiency", "lr_lesson"]
 
 

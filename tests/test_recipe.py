@@ -23,10 +23,10 @@ LESSONS = {  # script: the README that explains its lines
     PP: "model_parallel/README.md",
     "transformer/ddp.py": "transformer/README.md",
     "transformer/fsdp.py": "transformer/README.md",
-    "transformer/tp.py": "transformer/README.md",
-    "transformer/cp.py": "transformer/README.md",
-    "transformer/ep.py": "transformer/README.md",
-    "transformer/pp.py": "transformer/README.md",
+    "transformer/tp.py": "transformer/part2.md",
+    "transformer/cp.py": "transformer/part2.md",
+    "transformer/ep.py": "transformer/part2.md",
+    "transformer/pp.py": "transformer/part2.md",
 }
 MARKER = re.compile(r"#.*?\[([^\]\s]*)\]")  # a [..] inside a comment
 NUMBERED = re.compile(r"\[(\d+)\]")

@@ -101,10 +101,10 @@ def run_epoch(parts, held, schedule, optimizer, tokens, starts, args, device, tr
             logits = schedule.eval(*inputs, target=y if last else None, losses=losses)
         else:
             optimizer.zero_grad(set_to_none=True)
-            with wire if step == 1 else nullcontext():  # the micro-batches' sends, counted
+            with wire if step == 1 else nullcontext():  # the step's sends, counted
                 logits = schedule.step(*inputs, target=y if last else None, losses=losses)
-            pipe_s = time.perf_counter() - start  # forward, backward, waits and sends
-            tie_gradients(parts, args.tie_group)
+                pipe_s = time.perf_counter() - start  # forward, backward, waits and sends
+                tie_gradients(parts, args.tie_group)
             optimizer.step()
             if step > 0:  # (the first step also works out the shapes the stages exchange)
                 computed = sum(s.compute_s for s in held) - computed
