@@ -60,6 +60,7 @@ def rows(kind, gpus, steps):
               ("pipeline-parallel", "pipeline-parallel", common, "summary"),
               ("transformer-ddp", "transformer-ddp", common, "summary"),
               ("transformer-fsdp2-bf16", "transformer-fsdp", common + ["--bf16"], "summary")]
+    table += [(f"transformer-{kind}", f"transformer-{kind}", common, "summary") for kind in ("tp", "cp", "ep", "pp")]
     runs = [(name, example, "python", 1, flags, how) for name, example, flags, how in table]
     if gpus >= 2:  # the same on 2 ranks, one GPU each, over the vendor's library
         runs += [(name, example, "torchrun", 2, flags, how) for name, example, flags, how in table
