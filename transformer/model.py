@@ -38,7 +38,7 @@ class Config:
 
 def causal_attention(q, k, v, dropout=0.0):
     """softmax(Q K^T / sqrt(head size)) V, each token attending to itself and the tokens before it.
-    Shapes [B, heads, T, head size]. context_parallel.py swaps in its ring attention here."""
+    Shapes [B, heads, T, head size]. cp.py swaps in its ring attention here."""
     return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout)
 
 
