@@ -133,18 +133,29 @@ def test_each_pipeline_schedule_trains_as_one_process(one_process, tmp_path, sch
 
 @pytest.mark.parametrize("script, flags, words", [
     (TP, ["--heads", "3", "--width", "96"], "--heads 3: 2 tensor-parallel ranks need a multiple of 2"),
-    (TP, ["--dp", "3"], "--dp 3 does not divide the 2 rank(s)"),
-    (CP, ["--context", "33"], "--context 33 does not divide into 2 equal parts"),
-    (EP, ["--experts", "3"], "--experts 3 does not divide over 2 expert-parallel ranks"),
-    (PP, ["--layers", "3"], "--layers 3 do not divide into 2 equal stages"),
-    (PP, ["--layers", "6", "--schedule", "interleaved-1f1b"], "--layers 6 do not divide into 4 equal stages"),
     (PP, ["--micro-batches", "1"], "--schedule 1f1b needs at least one micro-batch per stage"),
-    (PP, ["--micro-batches", "3"], "--micro-batches 3 does not divide --batch-size 16"),
 ])
 def test_a_split_that_does_not_fit_is_one_line_naming_the_flag_on_every_rank(script, flags, words):
     result = run(mpiexec(2, script, *flags), timeout=120)
     assert_each_rank_refused(result, words, 2, "mpiexec")
     assert result.returncode == 2
+
+
+@pytest.mark.parametrize("script, flags, words", [
+    (TP, ["--dp", "3"], "--dp 3 does not divide the 2 rank(s)"),
+    (CP, ["--context", "33"], "--context 33 does not divide into 2 equal parts"),
+    (EP, ["--experts", "3"], "--experts 3 does not divide over 2 expert-parallel ranks"),
+    (PP, ["--layers", "3"], "--layers 3 do not divide into 2 equal stages"),
+    (PP, ["--layers", "6", "--schedule", "interleaved-1f1b"], "--layers 6 do not divide into 4 equal stages"),
+    (PP, ["--micro-batches", "3"], "--micro-batches 3 does not divide --batch-size 16"),
+])
+def test_each_split_that_does_not_fit_is_refused_when_the_flags_are_read(script, flags, words):
+    """The checks run on the flags and the world size the launcher set, before any process group (the test
+    above shows every rank saying it): one process told it is rank 0 of 2 refuses the same way."""
+    result = run(python(script, *flags), timeout=120, env={"RANK": "0", "WORLD_SIZE": "2"})
+    assert result.returncode == 2, result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"{script.split('/')[-1]}: error: ") and words in line, line
 
 
 @LONG
