@@ -18,6 +18,7 @@ import statistics
 
 from bench_report import steady_throughput
 from bench_runs import command, history, launch, wait
+from bench_transformer import span
 
 MODEL = ["--layers", "4"]
 RUNS = {"ddp": ("transformer-ddp", ["--batch-size", "8"]),
@@ -62,11 +63,6 @@ def combine(rounds):
     return {name: {key: (statistics.median(r[name][key] for r in rounds),
                          [min(r[name][key] for r in rounds), max(r[name][key] for r in rounds)])
                    for key in rounds[0][name]} for name in rounds[0]}
-
-
-def span(pair, fmt):
-    value, (low, high) = pair
-    return format(value, fmt) + (f" ({format(low, fmt)}-{format(high, fmt)})" if high != low else "")
 
 
 def print_report(report):
