@@ -1,6 +1,7 @@
 """Helpers for tests that launch real processes through real launchers, always with a timeout (imported by the
 test modules as `support`; pytest puts this folder on sys.path)."""
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -35,11 +36,25 @@ FSDP_CKPT = "zero/fsdp_checkpoint.py"  # a lesson script that is not in tools/ex
 QUICK = ["--epochs", "2", "--max-steps", "8", "--log-interval", "4", "--num-threads", "1"]
 # The transformer chapter: a small GPT, and its 2-rank run, shared as QUICK's is
 GPT_DDP = EXAMPLES["transformer-ddp"]
+GPT_FSDP = EXAMPLES["transformer-fsdp"]
 GPT_SMALL = ["--layers", "2", "--width", "64", "--heads", "2", "--context", "32", "--num-threads", "1"]
 GPT_QUICK = [*GPT_SMALL, "--epochs", "2", "--max-steps", "3", "--no-lr-scaling", "--save-model",
              "--batch-size", "4"]
-TP = EXAMPLES["tensor-parallel"]
-PP = EXAMPLES["pipeline-parallel"]
+# The chapter's model-splitting lessons (part 2): tensor + sequence parallel and the pipeline stand for the
+# class in the tests of every lesson (failures, devices, nodes, lift-out), with this 2-rank run, shared as QUICK's
+# is. They keep no checkpoint and their ranks hold different weights: --save-model gathers the whole model.
+TP = EXAMPLES["transformer-tp"]
+PP = EXAMPLES["transformer-pp"]
+SPLIT = (TP, PP)
+GPT_SPLIT = [*GPT_SMALL, "--epochs", "2", "--max-steps", "8", "--log-interval", "4", "--no-lr-scaling",
+             "--save-model", "--batch-size", "4"]
+
+
+def weights_digest(log_dir):
+    """The digest of a run's whole model as --save-model wrote it (model.pt): equal digests, equal weights."""
+    import torch
+    state = torch.load(Path(log_dir) / "model.pt", weights_only=True)
+    return hashlib.sha256(b"".join(k.encode() + state[k].numpy().tobytes() for k in sorted(state))).hexdigest()[:16]
 
 
 def run(cmd, timeout=300, env=None, cwd=ROOT):
@@ -386,7 +401,7 @@ print("RESULTS " + json.dumps(results))
 
 # What torchrun sets for rank 0 of 2 on one node: rows whose refusal depends on the world size (checked when the
 # flags are parsed, before any rendezvous) run as that rank. One real 2-rank launch per lesson shows every rank
-# refusing (tests/test_model_parallel.py, tests/test_zero.py).
+# refusing (tests/test_transformer_split.py, tests/test_zero.py).
 RANK_0_OF_2 = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
 
 

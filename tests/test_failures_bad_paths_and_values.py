@@ -94,7 +94,7 @@ def rows_for(script):
         return OWN_ROWS[script]
     rows = COMMON_ROWS + (TORCH_ROWS if script in TORCH_DISTRIBUTED else []) + OWN_ROWS.get(script, [])
     if script in (TP, PP):  # they keep no checkpoints: the flag itself is refused, before its path is looked at
-        rows = [(flags, "keep no checkpoints" if "--checkpoint-dir" in flags else words) for flags, words in rows]
+        rows = [(flags, "keeps no checkpoints" if "--checkpoint-dir" in flags else words) for flags, words in rows]
     return rows
 
 
@@ -152,7 +152,7 @@ def test_an_unusable_path_is_one_line_per_rank_under_every_launcher(tmp_path, sc
     output = result.stdout + result.stderr
     assert_each_rank_refused(result, flags[-2], 2, launcher)  # each launcher's way with the others
     assert not re.search(
-        rf'File "{re.escape(str(ROOT))}/(DDP|horovod|deepspeed|zero|model_parallel)/', output
+        rf'File "{re.escape(str(ROOT))}/(DDP|horovod|deepspeed|zero|transformer)/', output
     ), output[
         -3000:
     ]  # (the launchers' own tracebacks are theirs: horovodrun raises one when a rank fails)

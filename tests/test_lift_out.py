@@ -14,7 +14,23 @@ import pytest
 import torch
 
 import support
-from support import BIN, DDP, DS, HVD_KERAS, HVD_TF, HVD_TORCH, PP, ROOT, TP, ZERO, check, run, without_timing
+from support import (
+    BIN,
+    DDP,
+    DS,
+    GPT_SPLIT,
+    HVD_KERAS,
+    HVD_TF,
+    HVD_TORCH,
+    PP,
+    ROOT,
+    TP,
+    ZERO,
+    check,
+    run,
+    weights_digest,
+    without_timing,
+)
 from tools.launch import launch_command
 from utils.quiet import TF_IMPORT_NOISE
 
@@ -27,14 +43,15 @@ LAUNCHED_BY = {ROOT / DDP: ("torchrun", "mpiexec"), ROOT / HVD_TORCH: ("horovodr
 # The flags of each lesson's 2-rank run in its own tests (support.QUICK): the course's run under the first launcher
 # is that same run (conftest.py's shared_run), and the copy runs with the same flags.
 QUICK = support.QUICK
-FLAGS = {ROOT / DS: [*QUICK, "--zero-stage", "3"], ROOT / HVD_TF: [*QUICK, "--dropout", "0"]}
-SPLIT = {ROOT / TP, ROOT / PP}  # model parallel: each rank holds other weights, and no checkpoint
+FLAGS = {ROOT / DS: [*QUICK, "--zero-stage", "3"], ROOT / HVD_TF: [*QUICK, "--dropout", "0"], ROOT / TP: GPT_SPLIT,
+         ROOT / PP: GPT_SPLIT}
+SPLIT = {ROOT / TP, ROOT / PP}  # the model split: each rank holds other weights, and no checkpoint
 # zero/: a few Adam steps and a JSON file, no epochs: each variant under both launchers (the first: also compared
 # with the course's run), and FSDP2's sharded checkpoint saved at 2 ranks, loaded by one process.
 ZERO_RUNS = [(ROOT / ZERO, "torchrun", "ds3"), (ROOT / ZERO, "mpiexec", "torch-fsdp2"),
              (ROOT / support.FSDP_CKPT, "torchrun", None), (ROOT / support.FSDP_CKPT, "mpiexec", None)]
 CHAPTER = [ROOT / "transformer" / f"{name}.py" for name in ("ddp", "fsdp", "tp", "cp", "ep", "pp")]
-LIFTS_OUT = list(LAUNCHED_BY) + [ROOT / ZERO, ROOT / support.FSDP_CKPT, *CHAPTER]
+LIFTS_OUT = list(dict.fromkeys([*LAUNCHED_BY, ROOT / ZERO, ROOT / support.FSDP_CKPT, *CHAPTER]))
 RUNS = [(lesson, launcher) for lesson, launchers in LAUNCHED_BY.items() for launcher in launchers]
 HELPER_LINES = 400  # the helpers a lifted lesson takes along, all together
 OPTIONAL = "plumbing"  # the module a lesson imports in try/except ImportError: not taken along
@@ -58,7 +75,7 @@ def utils_imports(path):
 
 
 def chapter_modules(lesson):
-    """The modules of the lesson's own folder that it imports (model_parallel/common.py): part of the
+    """The modules of the lesson's own folder that it imports (transformer/model.py): part of the
     chapter, taken along beside it, not counted as helpers."""
     chapter, found = lesson.parent.name, set()
     for node in ast.walk(ast.parse(lesson.read_text())):
@@ -122,9 +139,10 @@ def test_a_copy_of_the_lesson_runs_alone_under_each_launcher(lifted, shared_run,
     assert [m["epoch"] for m in history] == [1, 2] and history[1]["train_loss"] < history[0]["train_loss"]
     assert all(m["world_size"] == 2 and m["launcher"] == launcher for m in history), history
 
-    def checksums_of(run_dir):  # every rank's weights (model parallel: the whole model, gathered)
-        summary = json.loads((run_dir / "summary.json").read_text())
-        return summary["param_checksums"] if lesson not in SPLIT else [summary["weights_checksum"]] * 2
+    def checksums_of(run_dir):  # every rank's weights (the model split: the whole model, gathered)
+        if lesson in SPLIT:
+            return [weights_digest(run_dir)] * 2
+        return json.loads((run_dir / "summary.json").read_text())["param_checksums"]
     checksums = checksums_of(tmp_path / "run")
     assert len(checksums) == 2 and checksums[0] == checksums[1], checksums  # both ranks, the same weights
     if lesson not in SPLIT | {ROOT / HVD_KERAS}:  # (model.fit's lesson writes none)
@@ -206,7 +224,7 @@ def test_a_copy_refuses_a_bad_flag_in_one_line(lifted, lesson):
         "main.py: error: argument --batch-size: must be a positive integer, got 0 (see main.py --help)"]
 
 
-@pytest.mark.parametrize("lesson", [ROOT / DS, ROOT / TP, ROOT / PP, ROOT / ZERO, ROOT / support.FSDP_CKPT, *CHAPTER],
+@pytest.mark.parametrize("lesson", [ROOT / DS, ROOT / ZERO, ROOT / support.FSDP_CKPT, *CHAPTER],
                          ids=lambda p: p.relative_to(ROOT).as_posix())
 def test_each_torch_lesson_reads_the_launchers_as_the_ddp_lesson_does(lesson):
     """[1] is written out in every torch lesson (each lifts out alone): the same table, the same reading."""

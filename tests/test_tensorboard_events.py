@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from support import DDP, HVD_TF, PP, QUICK, ROOT, check, event_scalars, metrics, python, run
+from support import DDP, GPT_SPLIT, HVD_TF, PP, QUICK, ROOT, check, event_scalars, metrics, python, run
 
 EPOCH_TAGS = {
     "epoch/train_loss",
@@ -16,14 +16,14 @@ EPOCH_TAGS = {
     "epoch/lr",
     "epoch/samples_per_s",
 }
-# The writer is RunLog's, shared by every lesson: these three cover its kinds (a PyTorch rank 0, a
-# TensorFlow rank 0, and the pipeline, whose step losses come from the last stage). Each is the 2-rank run its
+# The writer is RunLog's, shared by every lesson: these three cover its kinds (a PyTorch rank 0, a TensorFlow
+# rank 0, and the transformer's pipeline, whose step losses come from the last stage). Each is the 2-rank run its
 # lesson's tests and the lift-out test read too (conftest.py's shared_run); the other lessons' own tests check
 # their event files on their runs (support.assert_event_epochs).
-LESSONS = [(DDP, "torchrun", QUICK), (HVD_TF, "horovodrun", [*QUICK, "--dropout", "0"]), (PP, "torchrun", QUICK)]
+LESSONS = [(DDP, "torchrun", QUICK), (HVD_TF, "horovodrun", [*QUICK, "--dropout", "0"]), (PP, "torchrun", GPT_SPLIT)]
 
 
-@pytest.mark.parametrize("script,launcher,flags", LESSONS, ids=["ddp", "horovod-tensorflow", "pipeline-parallel"])
+@pytest.mark.parametrize("script,launcher,flags", LESSONS, ids=["ddp", "horovod-tensorflow", "transformer-pp"])
 def test_every_epoch_is_in_the_event_files(shared_run, script, launcher, flags):
     log_dir, _ = shared_run(script, launcher, flags)
     files, found = event_scalars(log_dir)

@@ -10,17 +10,22 @@ from support import (
     EXAMPLES,
     GPT_DDP,
     LONG,
+    PP,
+    TP,
     assert_each_rank_refused,
+    assert_event_epochs,
     check,
+    error_lines,
     metrics,
     mpiexec,
     python,
     run,
+    run_rows,
     summary,
     torchrun,
 )
 
-TP, CP, EP, PP = (EXAMPLES[f"transformer-{kind}"] for kind in ("tp", "cp", "ep", "pp"))
+CP, EP = EXAMPLES["transformer-cp"], EXAMPLES["transformer-ep"]
 # 4 blocks: 2 ranks x 2 stages for the interleaved schedules. 2 epochs of 3 steps of 8 sequences.
 MODEL = ["--layers", "4", "--width", "64", "--heads", "2", "--context", "32", "--num-threads", "1"]
 RUN = [*MODEL, "--epochs", "2", "--max-steps", "3", "--no-lr-scaling", "--save-model"]
@@ -129,16 +134,54 @@ def test_each_pipeline_schedule_trains_as_one_process(one_process, tmp_path, sch
         assert all(kinds[("F", m, st)][1] <= kinds[("B", m, st)][0] for m in range(4) for st in stages)
         spans = sorted((start, end) for *_, start, end in events)
         assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), spans
+    # What each schedule is for: GPipe keeps all 4 micro-batches' activations on every stage at once, 1F1B at
+    # most (stages - the stage's index), each read from the timeline (forwards begun minus backwards ended).
+    if schedule in ("gpipe", "1f1b"):
+        peaks = []
+        for events in s["timeline"]:
+            marks = sorted([(start, 1) for kind, _, _, start, _ in events if kind == "F"]
+                           + [(end, -1) for kind, _, _, _, end in events if kind == "B"])
+            held = [sum(step for _, step in marks[:i + 1]) for i in range(len(marks))]
+            peaks.append(max(held))
+        assert peaks == ([4, 4] if schedule == "gpipe" else [2, 1]), peaks
 
 
-@pytest.mark.parametrize("script, flags, words", [
-    (TP, ["--heads", "3", "--width", "96"], "--heads 3: 2 tensor-parallel ranks need a multiple of 2"),
-    (PP, ["--micro-batches", "1"], "--schedule 1f1b needs at least one micro-batch per stage"),
-])
-def test_a_split_that_does_not_fit_is_one_line_naming_the_flag_on_every_rank(script, flags, words):
-    result = run(mpiexec(2, script, *flags), timeout=120)
-    assert_each_rank_refused(result, words, 2, "mpiexec")
-    assert result.returncode == 2
+@pytest.mark.parametrize("script, launcher, flags, words", [
+    (TP, mpiexec, ["--heads", "3", "--width", "96"], "--heads 3: 2 tensor-parallel ranks need a multiple of 2"),
+    (PP, torchrun, ["--micro-batches", "1"], "--schedule 1f1b needs at least one micro-batch per stage"),
+], ids=["tp-mpiexec", "pp-torchrun"])
+def test_a_split_that_does_not_fit_is_one_line_naming_the_flag_on_every_rank(script, launcher, flags, words,
+                                                                             tmp_path):
+    result = run(launcher(2, script, *flags, "--log-dir", tmp_path / "run"), timeout=120)
+    assert_each_rank_refused(result, words, 2, launcher.__name__)
+    # (torchrun raises a traceback of its own when a worker fails: none goes through the lesson)
+    assert not [line for line in result.stderr.splitlines() if "transformer/" in line and "File" in line]
+    if launcher is torchrun:
+        assert "exitcode  : 2 " in result.stderr  # torchrun's report of the first rank to stop: our exit code
+    else:
+        assert result.returncode == 2
+    assert not (tmp_path / "run").exists()  # stopped before anything started
+
+
+BAD_INPUT = {  # what these lessons do not do, refused in one line (one interpreter per lesson runs its rows)
+    TP: [(["--dp", "2"], "--dp 2 does not divide the 1 rank(s)"), (["--grad-accum", "2"], "--grad-accum"),
+         (["--dropout", "0.1"], "--dropout: the model-splitting lessons train without it")],
+    CP: [(["--checkpoint-dir", "ckpt"], "keeps no checkpoints"), (["--momentum", "0.9"], "AdamW")],
+    EP: [(["--top-k", "5"], "--top-k 5: more than the 4 experts"), (["--capacity-factor", "0"], "--capacity-factor")],
+    PP: [(["--resume"], "keeps no checkpoints"), (["--schedule", "interleaved"], "--schedule"),
+         (["--micro-batches", "0"], "--micro-batches")],
+}
+
+
+@pytest.mark.parametrize("script", BAD_INPUT)
+def test_what_a_split_lesson_does_not_do_is_one_line_and_exit_2(tmp_path, script):
+    table = BAD_INPUT[script]
+    outcomes = run_rows(script, [[*flags, "--log-dir", str(tmp_path / "log")] for flags, _ in table])
+    for (flags, words), outcome in zip(table, outcomes, strict=True):
+        errors = error_lines(outcome["stderr"])
+        assert outcome["code"] == 2 and len(errors) == 1 and words in errors[0], (flags, outcome)
+        assert "Traceback" not in outcome["stderr"], (flags, outcome["stderr"])
+    assert not (tmp_path / "log").exists()
 
 
 @pytest.mark.parametrize("script, flags, words", [
@@ -166,3 +209,4 @@ def test_each_split_learns_the_text_to_the_readmes_threshold(script, tmp_path):
     check(run(torchrun(2, script, "--log-dir", tmp_path), timeout=1200))
     (m,) = metrics(tmp_path)
     assert m["test_loss"] < 2.6, m
+    assert_event_epochs(tmp_path)  # TensorBoard's event files: the epoch

@@ -113,9 +113,12 @@ def main(args):
     # [1] Join the process group: back when all ranks met; a dead peer fails it after --dist-timeout
     vendor = {"cuda": "nccl", "xpu": "xccl"}.get(gpu, "gloo")  # gloo between CPUs
     backend = (vendor if args.backend == "auto" else args.backend) if world_size > 1 else "none"
-    if world_size > 1:
-        dist.init_process_group(backend, rank=rank, world_size=world_size,
-                                timeout=timedelta(seconds=args.dist_timeout))
+    wait = timedelta(seconds=args.dist_timeout)
+    if world_size > 1:  # (torchrun --max-restarts: a restarted attempt keeps its keys apart)
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        keys = None if attempt == "0" else dist.PrefixStore(attempt, next(dist.rendezvous(
+            "env://", rank, world_size, timeout=wait))[0])
+        dist.init_process_group(backend, store=keys, rank=rank, world_size=world_size, timeout=wait)
     log.configure(rank, local_rank, args.log_all_ranks)
     log_dir = [args.log_dir or log.default_log_dir("transformer-ddp")]  # rank 0's time
     if world_size > 1 and not args.log_dir:

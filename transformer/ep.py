@@ -121,8 +121,11 @@ def main(args):
     # [1] Join the process group (one process: a group of one, the same program)
     backend = {"cuda": "nccl", "xpu": "xccl"}.get(gpu, "gloo") if args.backend == "auto" \
         else args.backend
-    dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timedelta(
-        seconds=args.dist_timeout), store=dist.HashStore() if world_size == 1 else None)
+    wait = timedelta(seconds=args.dist_timeout)  # (torchrun --max-restarts: a restarted attempt
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")  # meets on keys of its own)
+    store = dist.HashStore() if world_size == 1 else None if attempt == "0" else dist.PrefixStore(
+        attempt, next(dist.rendezvous("env://", rank, world_size, timeout=wait))[0])
+    dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=wait, store=store)
     log.configure(rank, local_rank, args.log_all_ranks)
     log_dir = [args.log_dir or log.default_log_dir("transformer-ep")]  # rank 0's time
     dist.broadcast_object_list(log_dir, src=0)

@@ -15,6 +15,7 @@ import os
 import shutil
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
 
@@ -93,15 +94,14 @@ def held_bytes(model, optimizer):
             "optimizer": sum(map(size, moments))}
 
 
-def finish(saving, folder, rank, kept):
-    """Wait for a background save (it ends once rank 0 wrote .metadata, after every rank's
-    slices); then rank 0 points `latest` at it, removes the one before: a kill leaves one whole."""
-    if saving:
-        saving[1].result()
-        if rank == 0:
-            log.atomic_write(folder / "latest", lambda f: f.write(saving[0]))
-            shutil.rmtree(folder / kept, ignore_errors=True) if kept else None
-    return saving[0] if saving else kept
+def mark(tag, saving, folder, rank, kept):
+    """(In a thread) Wait for a background save (it ends once rank 0 wrote .metadata, after every
+    rank's slices); at once rank 0 points `latest` at it, removes the one before: one always whole."""
+    saving.result()
+    if rank == 0:
+        log.atomic_write(folder / "latest", lambda f: f.write(tag))
+        shutil.rmtree(folder / kept, ignore_errors=True) if kept else None
+    return tag
 
 
 def main(args):
@@ -127,8 +127,11 @@ def main(args):
     #     ranks out: --replicate R copies of the model, each sharded over world_size / R ranks.
     backend = {"cuda": "nccl", "xpu": "xccl"}.get(gpu, "gloo") if args.backend == "auto" \
         else args.backend
-    dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timedelta(
-        seconds=args.dist_timeout), store=dist.HashStore() if world_size == 1 else None)
+    wait = timedelta(seconds=args.dist_timeout)  # (torchrun --max-restarts: a restarted attempt
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")  # meets on keys of its own)
+    store = dist.HashStore() if world_size == 1 else None if attempt == "0" else dist.PrefixStore(
+        attempt, next(dist.rendezvous("env://", rank, world_size, timeout=wait))[0])
+    dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=wait, store=store)
     shards = world_size // args.replicate  # (text.Parser checked that it divides)
     mesh = init_device_mesh(device.split(":")[0], (args.replicate, shards),
                             mesh_dim_names=("replicate", "shard"))
@@ -193,15 +196,13 @@ def main(args):
     # an epoch: as many windows as the training text has tokens, or --max-steps (default 200)
     steps = min(args.max_steps, max(1, len(train) // (world_size * args.batch_size * args.context)))
     B, tests = args.batch_size, torch.arange(0, len(test) - args.context - 1, args.context)
-    tests = tests[:text.TEST_WINDOWS]
-    tests = tests[:len(tests) // world_size * world_size]  # as many on every rank: all gather
-    saving = None  # the save in flight
+    tests = tests[:min(text.TEST_WINDOWS, len(tests)) // world_size * world_size]  # as many a rank
+    marker, marking = ThreadPoolExecutor(1), None  # marks each save when whole, in their order
     for epoch in range(first_epoch, args.epochs + 1):
         # [3] Shard by global rank, as in ddp.py: the same starts drawn for the global batch on
         #     every rank, each taking its own B (FSDP is data parallel: each rank, its sequences).
         draw = torch.Generator().manual_seed(args.seed * 1000 + epoch)
-        starts = torch.randint(len(train) - args.context - 1, (steps, world_size * B),
-                               generator=draw)
+        starts = torch.randint(len(train) - args.context - 1, (steps, world_size * B), generator=draw)
         start = time.perf_counter()
         sums = run_epoch(model, optimizer, train, starts[:, rank * B:(rank + 1) * B], args, device,
                          log.Progress(rank == 0, steps, epoch, args.log_interval))
@@ -212,14 +213,14 @@ def main(args):
         sums = torch.tensor(sums, dtype=torch.float64, device=device)
         dist.all_reduce(sums, op=dist.ReduceOp.SUM)  # [7] metrics summed over ranks
         dist.all_reduce(train_time, op=dist.ReduceOp.MAX)  # the slowest rank's time
-        run.epoch_end(epoch, sums.tolist(), lr, time.perf_counter() - start,
-                      train_time.item())
-        kept = finish(saving, folder, rank, kept)  # the previous save done before the next
+        run.epoch_end(epoch, sums.tolist(), lr, time.perf_counter() - start, train_time.item())
+        kept = marking.result() if marking else kept  # the previous save done before the next
         model_state, optim_state = get_state_dict(model, optimizer)  # this rank's slices
-        saving = (f"epoch{epoch}", dcp.async_save(  # copies them, writes in a thread
+        saving = dcp.async_save(  # copies them, writes in a thread
             {"model": model_state, "optim": optim_state, "meta": {"epoch": epoch, "shape": shape}},
-            checkpoint_id=folder / f"epoch{epoch}", process_group=saver))
-    finish(saving, folder, rank, kept)
+            checkpoint_id=folder / f"epoch{epoch}", process_group=saver)
+        marking = marker.submit(mark, f"epoch{epoch}", saving, folder, rank, kept)
+    marking.result() if marking else None  # the last save whole and marked
     tokens_per_s = run.history[-1]["samples_per_s"] / world_size if run.history else 0.0
     peak = gpt.matmul_peak(device)
     mfu = tokens_per_s * per_token / peak

@@ -140,8 +140,11 @@ def main(args):
     #     ranks 0..tp-1 hold one copy of the model between them, the next tp ranks the next copy.
     backend = {"cuda": "nccl", "xpu": "xccl"}.get(gpu, "gloo") if args.backend == "auto" \
         else args.backend
-    dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timedelta(
-        seconds=args.dist_timeout), store=dist.HashStore() if world_size == 1 else None)
+    wait = timedelta(seconds=args.dist_timeout)  # (torchrun --max-restarts: a restarted attempt
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")  # meets on keys of its own)
+    store = dist.HashStore() if world_size == 1 else None if attempt == "0" else dist.PrefixStore(
+        attempt, next(dist.rendezvous("env://", rank, world_size, timeout=wait))[0])
+    dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=wait, store=store)
     dp, tp = args.dp, world_size // args.dp  # (text.Parser checked that it divides, and heads)
     mesh = init_device_mesh(device.split(":")[0], (dp, tp), mesh_dim_names=("dp", "tp"))
     dp_rank = mesh.get_local_rank("dp")
