@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from support import DDP, ROOT, check, error_lines, run
+from support import DDP, GPT_SMALL, ROOT, check, error_lines, run
 from tools.launch import launch_command
 
 sys.path.append(str(ROOT / "diagnose"))
@@ -142,9 +142,12 @@ def test_each_collective_of_a_step_is_measured_by_its_last_rank_and_predicted_by
 
 
 def test_the_tensor_parallel_lessons_collectives_are_the_ones_it_counts_itself(tmp_path):
-    """Profiled from outside, the tensor-parallel lesson's step holds 3 all-reduces of batch x width
-    floats (32 x 1024 x 4 B): what the lesson's own counter writes into summary.json."""
-    cmd = launch_command("tensor-parallel", 2, "torchrun", [*SHORT, "--log-dir", tmp_path / "run"], wrapper=PROFILE)
+    """Profiled from outside, transformer/tp.py's step holds the collectives its own counter writes into
+    summary.json: per block and step the all-gathers of the sequence's halves (S: both ranks' parts), the
+    reduce-scatters of the row-parallel outputs (gloo runs each as an all-reduce of the whole tensor, as ZeRO-3's
+    row below shows), and the all-reduces of the norms' gradients."""
+    cmd = launch_command("transformer-tp", 2, "torchrun", [*GPT_SMALL, *SHORT, "--batch-size", "4", "--log-dir",
+                                                           tmp_path / "run"], wrapper=PROFILE)
     at = cmd.index(str(PROFILE)) + 1
     cmd[at:at] = ["--out", str(tmp_path / "trace")]
     check(run(cmd, timeout=300))
@@ -153,10 +156,16 @@ def test_the_tensor_parallel_lessons_collectives_are_the_ones_it_counts_itself(t
     result = check(run([sys.executable, PROFILE, "summary", tmp_path / "trace", "--no-mfu", "--fit", fit,
                         "--json", tmp_path / "summary.json"], timeout=120))
     assert "collectives per training step against the ring fit" in result.stdout
-    rows = json.loads((tmp_path / "summary.json").read_text())["collectives"]
-    counted = json.loads((tmp_path / "run" / "summary.json").read_text())["wire_bytes_per_step"]
-    (reduce,) = [r for r in rows if r["op"] == "all_reduce"]
-    assert reduce["calls_per_step"] == counted["_c10d_functional.all_reduce"]["calls"] == 3
-    assert reduce["bytes"] * 3 == counted["_c10d_functional.all_reduce"]["bytes"] == 3 * 32 * 1024 * 4
-    assert reduce["predicted_s"] == pytest.approx(2 * 1e-3 + 32 * 1024 * 4 / 1e9)
-    assert 0 < reduce["measured_s"] < 10  # a real duration, from both ranks' traces
+    rows = {(r["op"], r["bytes"]): r for r in json.loads((tmp_path / "summary.json").read_text())["collectives"]}
+    counted = json.loads((tmp_path / "run" / "summary.json").read_text())["wire_counted"]
+    each = {name.split(".")[-1]: (c["calls"], c["bytes"] // c["calls"]) for name, c in counted.items()}
+    gather_calls, gather_bytes = each["all_gather_into_tensor"]  # one rank's part
+    scatter_calls, scatter_bytes = each["reduce_scatter_tensor"]
+    reduce_calls, reduce_bytes = each["all_reduce"]
+    assert set(rows) == {("all_gather", 2 * gather_bytes), ("all_reduce", scatter_bytes),
+                         ("all_reduce", reduce_bytes)}, sorted(rows)
+    assert rows[("all_gather", 2 * gather_bytes)]["calls_per_step"] == gather_calls == 4 * 2 + 2  # 4 a block, 2 at the edges
+    assert rows[("all_reduce", scatter_bytes)]["calls_per_step"] == scatter_calls == 4 * 2  # 4 a block
+    assert rows[("all_reduce", reduce_bytes)]["calls_per_step"] == reduce_calls
+    assert rows[("all_gather", 2 * gather_bytes)]["predicted_s"] == pytest.approx(1e-3 + gather_bytes / 1e9)
+    assert all(0 < r["measured_s"] < 10 for r in rows.values())  # real durations, from both ranks' traces

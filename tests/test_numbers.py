@@ -15,7 +15,7 @@ ROW = re.compile(r"^\| \d+ \| \[[^]]+\]\((?P<page>[\w/]+README\.md)\)[^|]* \| `(
 STEPS = {m["page"]: (m["cmd"], float(m["min"]), float(m["lo"]), float(m["hi"])) for m in ROW.finditer(FRONT)}
 # The demo table's framework names, by the page of their course-path step (Horovod PyTorch: DDP's weights).
 DEMO = {"DDP/README.md": ["PyTorch DDP", "Horovod PyTorch"], "horovod/tensorflow/README.md": ["Horovod TensorFlow"],
-        "deepspeed/README.md": ["DeepSpeed"], "model_parallel/README.md": ["Tensor parallel (MLP)"]}
+        "deepspeed/README.md": ["DeepSpeed"]}
 SAME_AS_DDP = "horovod/pytorch/README.md"  # step 2's criterion: step 1's accuracy exactly
 
 
@@ -25,8 +25,7 @@ def test_the_course_path_quotes_ranges_for_the_accuracy_steps():
         assert minimum <= lo <= hi < 1, page
 
 
-# model_parallel/README.md opens with its tensor-parallel run's epoch lines, not a summary line.
-@pytest.mark.parametrize("page", sorted(set(DEMO) - {"model_parallel/README.md"} | {SAME_AS_DDP}))
+@pytest.mark.parametrize("page", sorted(set(DEMO) | {SAME_AS_DDP}))
 def test_a_pages_opening_run_lies_in_its_steps_range(page):
     _, minimum, lo, hi = STEPS["DDP/README.md" if page == SAME_AS_DDP else page]
     text = (ROOT / page).read_text()

@@ -22,11 +22,9 @@ QUOTING = {
     "horovod/tensorflow/README.md": ["horovod/tensorflow/main.py", "horovod/tensorflow/keras_main.py"],
     "deepspeed/README.md": ["deepspeed/main.py"],
     "zero/README.md": ["zero/main.py"],
-    "model_parallel/README.md": ["model_parallel/tensor_parallel.py", "model_parallel/pipeline_parallel.py",
-                                 "model_parallel/common.py", "model_parallel/counters.py"],
     "README.md": ["DDP/main.py", "horovod/pytorch/main.py", "horovod/tensorflow/main.py",
                   "horovod/tensorflow/keras_main.py", "deepspeed/main.py", "zero/main.py",
-                  "model_parallel/tensor_parallel.py", "model_parallel/pipeline_parallel.py"],
+                  "transformer/tp.py", "transformer/pp.py"],
 }
 NOT_A_QUOTE = "<!-- not a quote -->"
 # An inline span that reads as a lesson's line: `x = ...` using the lessons' names, or `f(...)` given
@@ -110,7 +108,7 @@ def test_the_rule_catches_a_stale_quote():
 
 # A stack frame quoted in the notes (py-spy's or a traceback's `path/to/file.py:LINE function`) points at a line
 # inside that function of the repository's file as it is now: a rewrap of the code must move the notes too.
-FRAME = re.compile(r"^\s+((?:DDP|horovod|deepspeed|zero|model_parallel|utils|tests|diagnose)/[\w/]+\.py):(\d+) "
+FRAME = re.compile(r"^\s+((?:DDP|horovod|deepspeed|zero|transformer|utils|tests|diagnose)/[\w/]+\.py):(\d+) "
                    r"(\w+|<module>)\s*$", re.M)
 
 

@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from support import DDP, DS, HVD_KERAS, HVD_TF, HVD_TORCH, PP, ROOT, TP, ZERO
+from support import DDP, DS, HVD_KERAS, HVD_TF, HVD_TORCH, ROOT, ZERO
 
 # The recipe (README.md, "The recipe"): the same number means the same step in every lesson.
 STEPS = {1: "start the process group / runtime", 2: "pin the device to the local rank",
@@ -19,8 +19,6 @@ LESSONS = {  # script: the README that explains its lines
     DS: "deepspeed/README.md",
     ZERO: "zero/README.md",
     "zero/fsdp_checkpoint.py": "zero/README.md",  # a lesson, not one of the examples (tools/examples.tsv)
-    TP: "model_parallel/README.md",
-    PP: "model_parallel/README.md",
     "transformer/ddp.py": "transformer/README.md",
     "transformer/fsdp.py": "transformer/README.md",
     "transformer/tp.py": "transformer/part2.md",

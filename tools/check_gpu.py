@@ -56,8 +56,6 @@ def rows(kind, gpus, steps):
               for s in range(4)]
     table += [("zero-ds3", "zero", zero + ["--variant", "ds3"], "zero"),
               ("zero-fsdp2", "zero", zero + ["--variant", "torch-fsdp2"], "zero"),
-              ("tensor-parallel", "tensor-parallel", common, "summary"),
-              ("pipeline-parallel", "pipeline-parallel", common, "summary"),
               ("transformer-ddp", "transformer-ddp", common, "summary"),
               ("transformer-fsdp2-bf16", "transformer-fsdp", common + ["--bf16"], "summary")]
     table += [(f"transformer-{kind}", f"transformer-{kind}", common, "summary") for kind in ("tp", "cp", "ep", "pp")]

@@ -29,8 +29,6 @@ RUNS = [
     ("hvd-tf-mpiexec", "Horovod TensorFlow", "mpiexec", "horovod-tensorflow", "mpiexec"),
     ("hvd-keras-horovodrun", "Horovod Keras API", "horovodrun --gloo", "horovod-keras", "horovodrun"),
     ("deepspeed-launcher", "DeepSpeed", "deepspeed", "deepspeed", "deepspeed"),
-    ("tensor-parallel", "Tensor parallel (MLP)", "torchrun", "tensor-parallel", "torchrun"),
-    ("pipeline-parallel", "Pipeline parallel (MLP, 1F1B)", "torchrun", "pipeline-parallel", "torchrun"),
 ]
 
 

@@ -35,7 +35,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PHASES = ("forward", "backward", "wait", "optimizer")
 PYTORCH_EXAMPLES = {"ddp": "ddp", "horovod-pytorch": "horovod", "deepspeed": "deepspeed",  # launch.EXAMPLES names
-                    "tensor-parallel": "model_parallel", "pipeline-parallel": "model_parallel",
                     **{f"transformer-{kind}": "transformer" for kind in ("ddp", "fsdp", "tp", "cp", "ep", "pp")}}
 
 
@@ -138,12 +137,12 @@ def patch(timer, framework):
         _DistributedOptimizer.step = timer.wrap("optimizer", _DistributedOptimizer.step)
         _DistributedOptimizer.synchronize = timer.wrap("wait", _DistributedOptimizer.synchronize)
         _DistributedAdasumOptimizer.step = timer.wrap("optimizer", _DistributedAdasumOptimizer.step)
-    if framework in ("ddp", "horovod", "model_parallel"):  # their models are nn.Sequential (DDP's CNN, the MLP)
+    if framework in ("ddp", "horovod"):  # their models are nn.Sequential (DDP's CNN)
         torch.nn.Sequential.forward = timer.wrap("forward", torch.nn.Sequential.forward)
     if framework == "transformer":  # the chapter's GPT (pp.py: its stages run inside the schedule's step)
         from transformer.model import GPT
         GPT.forward = timer.wrap("forward", GPT.forward)
-    if framework in ("model_parallel", "transformer"):  # a pipeline step is its schedule's
+    if framework == "transformer":  # pp.py: a pipeline step is its schedule's
         from torch.distributed.pipelining.schedules import PipelineScheduleMulti, PipelineScheduleSingle
         # forward and backward of every micro-batch, the sends between stages and the waits for them
         PipelineScheduleSingle.step = timer.wrap("backward", PipelineScheduleSingle.step)
@@ -161,7 +160,7 @@ def framework_of(script):
         if script_path(name).resolve() == path:
             return framework
     sys.exit(f"error: phases: {script} is not a PyTorch example (DDP/, horovod/pytorch/, deepspeed/ main.py, "
-             "model_parallel/, transformer/)")
+             "transformer/)")
 
 
 def rank_from_env():

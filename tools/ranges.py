@@ -29,7 +29,6 @@ STEPS = {
     "horovod-pytorch": ("horovod-pytorch", "horovodrun", 2, []),
     "horovod-tensorflow": ("horovod-tensorflow", "mpiexec", 2, []),
     "deepspeed": ("deepspeed", "deepspeed", 2, []),
-    "tp": ("tensor-parallel", "torchrun", 2, []),
     # DDP/large-batches.md: 128 emulated workers (2 ranks x 64 accumulation steps), warmup + clipping
     "rescue": ("ddp", "torchrun", 2, ["--epochs", "15", "--batch-size", "8", "--lr", "0.01", "--grad-accum", "64",
                                       "--lr-warmup-epochs", "5", "--clip-grad-norm", "1.0"]),
