@@ -164,8 +164,9 @@ def test_the_tensor_parallel_lessons_collectives_are_the_ones_it_counts_itself(t
     reduce_calls, reduce_bytes = each["all_reduce"]
     assert set(rows) == {("all_gather", 2 * gather_bytes), ("all_reduce", scatter_bytes),
                          ("all_reduce", reduce_bytes)}, sorted(rows)
-    assert rows[("all_gather", 2 * gather_bytes)]["calls_per_step"] == gather_calls == 4 * 2 + 2  # 4 a block, 2 at the edges
-    assert rows[("all_reduce", scatter_bytes)]["calls_per_step"] == scatter_calls == 4 * 2  # 4 a block
+    # 2 blocks: 4 all-gathers a block and 2 at the edges; 4 reduce-scatters a block
+    assert rows[("all_gather", 2 * gather_bytes)]["calls_per_step"] == gather_calls == 4 * 2 + 2
+    assert rows[("all_reduce", scatter_bytes)]["calls_per_step"] == scatter_calls == 4 * 2
     assert rows[("all_reduce", reduce_bytes)]["calls_per_step"] == reduce_calls
     assert rows[("all_gather", 2 * gather_bytes)]["predicted_s"] == pytest.approx(1e-3 + gather_bytes / 1e9)
     assert all(0 < r["measured_s"] < 10 for r in rows.values())  # real durations, from both ranks' traces

@@ -9,8 +9,8 @@ from support import EXAMPLES, ROOT, run
 
 UTILS = {p.stem: p for p in (ROOT / "utils").glob("*.py")}  # "__init__": what `import utils` runs
 # The lessons: every example, the modules beside them that they import, and the diagnose/ chapter's scripts
-LESSONS = sorted({ROOT / s for s in EXAMPLES.values()} | set((ROOT / "zero").glob("*.py")) | set((ROOT / "diagnose").glob("*.py"))
-                 | set((ROOT / "transformer").glob("*.py")))
+LESSONS = sorted({ROOT / s for s in EXAMPLES.values()} | set((ROOT / "zero").glob("*.py"))
+                 | set((ROOT / "diagnose").glob("*.py")) | set((ROOT / "transformer").glob("*.py")))
 
 
 def imported(path):
