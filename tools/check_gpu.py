@@ -7,7 +7,8 @@ the node's accelerator, started from outside as a program, then a table (also wr
     python3 tools/check_gpu.py --device cpu    # the CPU path (what runs without a GPU)
 
 Rows: DDP, Horovod PyTorch, DeepSpeed ZeRO stages 0-3, the ZeRO lesson's DeepSpeed ZeRO-3 and
-FSDP2 (fully_shard), tensor and pipeline parallel, each at world size 1 (`python X.py`), and on 2
+FSDP2 (fully_shard), the transformer chapter's six lessons (DDP, FSDP2 in bf16, tensor, context, expert
+and pipeline parallel), each at world size 1 (`python X.py`), and on 2
 ranks over NCCL/xccl (torchrun) when the node has 2 or more GPUs; then one torch.profiler trace of
 DDP, with the GPU's kernels counted in it. Without a GPU it says so and runs the rows on the CPU.
 
