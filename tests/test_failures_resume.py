@@ -1,4 +1,5 @@
 """Killed runs resume to the uninterrupted result; the same command twice gives the same result."""
+import ast
 import re
 import signal
 
@@ -8,12 +9,15 @@ import torch
 from support import (
     DDP,
     DS,
+    FSDP_CKPT,
     GPT_FSDP,
     GPT_SMALL,
     HVD_TF,
     HVD_TORCH,
+    ROOT,
     SCRIPTS,
     TP,
+    ZERO,
     assert_log_dir_sound,
     check,
     error_lines,
@@ -109,6 +113,24 @@ def test_torchrun_elastic_restart_resumes_from_the_checkpoint(tmp_path, tiny, sc
         assert weights_digest(tmp_path / "elastic") == weights_digest(tmp_path / "straight")
     else:
         assert summary(tmp_path / "elastic")["param_checksums"] == summary(tmp_path / "straight")["param_checksums"]
+
+
+TORCH_LESSONS = [DDP, DS, ZERO, FSDP_CKPT, *(f"transformer/{n}.py" for n in ("ddp", "fsdp", "tp", "cp", "ep", "pp"))]
+
+
+@pytest.mark.parametrize("script", TORCH_LESSONS)
+def test_every_torch_lesson_keeps_a_restarted_attempts_keys_apart(script):
+    """The test above restarts four lessons under torchrun; every other torch.distributed lesson joins its group
+    the same way (read from the file): a restarted attempt (TORCHELASTIC_RESTART_COUNT) meets in a PrefixStore of
+    its own, given to init_process_group, not on the dead attempt's keys in torchrun's store (there a rank waits
+    --dist-timeout for peers that are gone: what transformer/tp.py did before it had these lines)."""
+    tree = ast.parse((ROOT / script).read_text())
+    calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call)]
+    names = {ast.unparse(node.func).split(".")[-1] for node in calls}
+    joins = [node for node in calls if ast.unparse(node.func).endswith("init_process_group")]
+    assert joins and all(any(k.arg == "store" for k in node.keywords) for node in joins), script
+    assert "PrefixStore" in names and "rendezvous" in names, script
+    assert "TORCHELASTIC_RESTART_COUNT" in ast.unparse(tree), script
 
 
 def test_resume_auto_without_a_checkpoint_says_so_and_plain_resume_refuses_leaving_nothing(tmp_path, tiny):

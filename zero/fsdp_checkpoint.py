@@ -122,13 +122,14 @@ def main(args):
     # [2] Pin this rank: on GPUs cuda:LOCAL_RANK; here the CPU, each rank its share of the cores.
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     torch.set_num_threads(cores if cores < os.cpu_count() else max(1, cores // local_size))
-    # [1] Join the process group (gloo between CPUs).
-    dist.init_process_group("gloo", rank=rank, world_size=n,
-                            timeout=timedelta(seconds=args.dist_timeout))
-
-    log.info(f"FSDP2 + torch.distributed.checkpoint on {n} rank(s) via {launcher}; "
-             f"MLP 784-{args.hidden}x2-10; {args.steps} Adam steps of {args.batch_size} digits "
-             f"per rank")
+    # [1] Join the process group (gloo between CPUs; torchrun --max-restarts: this attempt's keys
+    #     apart, as in DDP/main.py).
+    wait, attempt = timedelta(seconds=args.dist_timeout), os.getenv("TORCHELASTIC_RESTART_COUNT")
+    keys = None if attempt in (None, "0") else dist.PrefixStore(attempt, next(dist.rendezvous(
+        "env://", rank, n, timeout=wait))[0])
+    dist.init_process_group("gloo", store=keys, rank=rank, world_size=n, timeout=wait)
+    log.info(f"FSDP2 + torch.distributed.checkpoint on {n} rank(s) via {launcher}; MLP 784-"
+             f"{args.hidden}x2-10; {args.steps} Adam steps of {args.batch_size} digits per rank")
     # [5] Wrap: every Linear a unit of its own, each rank holding 1/n of every parameter, and Adam
     #     keeping state for this rank's shards only. fully_shard does not broadcast: rank 0's
     #     weights first.
@@ -176,9 +177,8 @@ def main(args):
         losses.append(total.item() / n)
         log.info(f"step {step}  loss {losses[-1]:.6f}")
 
-    # [8] Save: every rank writes its own shards (a collective); rank 0 writes .metadata last.
-    #     Into a new folder, and only then `latest` names it: a kill mid-save leaves the previous
-    #     checkpoint whole.
+    # [8] Save: every rank writes its own shards (a collective); rank 0 writes .metadata last. Into
+    #     a new folder, and only then `latest` names it: a kill mid-save leaves the previous whole.
     tag = f"step{start + args.steps}"
     model_state, optim_state = get_state_dict(model, optimizer)
     dcp.save({"model": model_state, "optim": optim_state,

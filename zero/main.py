@@ -104,11 +104,13 @@ def main(args):
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     torch.set_num_threads(cores if cores < os.cpu_count() else max(1, cores // local_size))
     backend = {"cuda": "nccl", "xpu": "xccl"}.get(gpu, "gloo")  # [1] the group: gloo, nccl or xccl
-    wait = timedelta(seconds=args.dist_timeout)
-    if deepspeed_run:  # ... through DeepSpeed's comm layer (no MPI discovery: variables are set)
+    wait, attempt = timedelta(seconds=args.dist_timeout), os.getenv("TORCHELASTIC_RESTART_COUNT")
+    keys = None if attempt in (None, "0") else dist.PrefixStore(attempt, next(dist.rendezvous(
+        "env://", rank, n, timeout=wait))[0])  # torchrun --max-restarts: this attempt's keys apart
+    if deepspeed_run and keys is None:  # ... through DeepSpeed's comm layer (no MPI discovery)
         deepspeed.init_distributed(backend, auto_mpi_discovery=False, verbose=False, timeout=wait)
-    else:
-        dist.init_process_group(backend, rank=rank, world_size=n, timeout=wait)
+    else:  # (a restart under DeepSpeed: its layer takes this group as it is)
+        dist.init_process_group(backend, store=keys, rank=rank, world_size=n, timeout=wait)
     mnist = data.load_shipped()  # [3] shard by *global* rank: the same seeded shuffle, 1/n each
     train_set = TensorDataset(torch.from_numpy(data.normalized(mnist.x_train).reshape(-1, 784)),
                               torch.from_numpy(mnist.y_train))
@@ -123,8 +125,7 @@ def main(args):
              f"{args.layers + 1}-10, {psi:,} parameters; {args.steps} Adam steps of "
              f"{args.batch_size} digits per rank")
     # [5] wrap the model and the optimizer; each starts from rank 0's weights.
-    if deepspeed_run:
-        # stage 0: nothing partitioned; 1: Adam's state; 2: + gradients; 3: + parameters
+    if deepspeed_run:  # stage 0: nothing partitioned; 1: Adam's state; 2: + gradients; 3: + params
         zero = {"stage": stage, "contiguous_gradients": True, "overlap_comm": False,
                 # buckets of 2M elements (8 MB); DeepSpeed's 500M default would be 2 GB here
                 "reduce_bucket_size": 2_000_000, "allgather_bucket_size": 2_000_000}
@@ -179,7 +180,6 @@ def main(args):
         losses.append(total.item() / n)
         log.info(f"step {step}  loss {losses[-1]:.6f}")
     elapsed = time.perf_counter() - start
-
     held.update(rank=rank, peak_rss=census.peak_rss_bytes(), base_rss=base_rss, setup_rss=setup_rss,
                 peak_is_training_only=peak_reset, peak_gpu_mb=census.peak_accelerator_mb())
     per_rank = [None] * n
