@@ -152,8 +152,9 @@ def test_a_signal_stops_every_rank_in_one_line_and_the_checkpoint_resumes(
         # the two lines, a progress line in flight, and Hydra's two on SIGINT ("Sending Ctrl-C to
         # processes")
         assert len(after.splitlines()) <= 5, after
-    else:
-        assert rc != 0
+    elif launcher is not horovodrun:  # torchrun: 1; the deepspeed launcher: ended by the signal
+        assert rc != 0, (rc, after[-3000:])
+    # (horovodrun: usually 1, but 0 when Horovod's two waiters for a rank's shell race: diagnose/hangs.md)
     # the checkpoint is intact: the same job continues from it
     resumed = run(
         launcher(
