@@ -1,6 +1,7 @@
 """transformer/tp.py, cp.py, ep.py, pp.py: the chapter's GPT split four more ways (tensor and sequence, context,
 experts, pipeline stages), under the real launchers on real text. Each ends as one process on the same model,
 data and batch: the same losses every epoch, and the same weights (the lessons' --save-model gathers them)."""
+import itertools
 import math
 
 import pytest
@@ -141,8 +142,7 @@ def test_each_pipeline_schedule_trains_as_one_process(one_process, tmp_path, sch
         for events in s["timeline"]:
             marks = sorted([(start, 1) for kind, _, _, start, _ in events if kind == "F"]
                            + [(end, -1) for kind, _, _, _, end in events if kind == "B"])
-            held = [sum(step for _, step in marks[:i + 1]) for i in range(len(marks))]
-            peaks.append(max(held))
+            peaks.append(max(itertools.accumulate(step for _, step in marks)))
         assert peaks == ([4, 4] if schedule == "gpipe" else [2, 1]), peaks
 
 
