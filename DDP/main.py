@@ -197,4 +197,16 @@ def main(args):
 
 if __name__ == "__main__":
     parser = clip_flag(get_parser(__doc__))
-    plumbing.run_main(main, parser) if plumbing else main(parser.parse_args())
+    if plumbing:
+        plumbing.run_main(main, parser)
+    else:
+        main(parser.parse_args())
+    # The run is over: leave without the interpreter's teardown. DDP's reducer keeps gloo's groups,
+    # and their threads, alive past destroy_process_group(), and the teardown can then abort a
+    # finished rank ("terminate called without an active exception"; pytorch/pytorch#179291).
+    mpi = sys.modules.get("mpi4py.MPI")  # under mpiexec: MPI_Finalize, as mpi4py would at exit
+    if mpi and mpi.Is_initialized() and not mpi.Is_finalized():
+        mpi.Finalize()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

@@ -351,7 +351,7 @@ def signal_rank_1(tmp_path, script, launcher, sig, *extra):
 
 
 def assert_no_traceback_through_the_example(output):
-    """Rank 0 either says so in one line (utils/log.run_main) or is stopped by the launcher first: never a
+    """Rank 0 either says so in one line (utils/failures.run_main) or is stopped by the launcher first: never a
     traceback through the example (the launchers' own reports are theirs)."""
     assert not re.search(r'File "[^"]*(DDP|horovod|deepspeed)/[^"]*main\.py"', output), output[-4000:]
     for line in error_lines(output):

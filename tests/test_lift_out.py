@@ -8,7 +8,6 @@ flag checks, noise filters, TensorBoard) comes in through one optional import, a
 import ast
 import json
 import re
-import shutil
 
 import pytest
 import torch
@@ -32,6 +31,7 @@ from support import (
     without_timing,
 )
 from tools.launch import launch_command
+from tools.lift import OPTIONAL, helpers_of, lift
 from utils.quiet import TF_IMPORT_NOISE
 
 # Each lesson that lifts out, and the launchers its copy is run under: under both it ends as the lesson's
@@ -54,49 +54,6 @@ CHAPTER = [ROOT / "transformer" / f"{name}.py" for name in ("ddp", "fsdp", "tp",
 LIFTS_OUT = list(dict.fromkeys([*LAUNCHED_BY, ROOT / ZERO, ROOT / support.FSDP_CKPT, *CHAPTER]))
 RUNS = [(lesson, launcher) for lesson, launchers in LAUNCHED_BY.items() for launcher in launchers]
 HELPER_LINES = 400  # the helpers a lifted lesson takes along, all together
-OPTIONAL = "plumbing"  # the module a lesson imports in try/except ImportError: not taken along
-
-
-def utils_imports(path):
-    """The utils modules `path` imports outside a try block (what a copy must take along)."""
-    tree = ast.parse(path.read_text())
-    optional = {id(node) for t in ast.walk(tree) if isinstance(t, ast.Try) for node in ast.walk(t)}
-    found = set()
-    for node in ast.walk(tree):
-        if id(node) in optional or not isinstance(node, (ast.Import, ast.ImportFrom)):
-            continue
-        if isinstance(node, ast.ImportFrom) and node.module == "utils":
-            found |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("utils."):
-            found.add(node.module.split(".")[1])
-        elif isinstance(node, ast.Import):
-            found |= {a.name.split(".")[1] for a in node.names if a.name.startswith("utils.")}
-    return found
-
-
-def chapter_modules(lesson):
-    """The modules of the lesson's own folder that it imports (transformer/model.py): part of the
-    chapter, taken along beside it, not counted as helpers."""
-    chapter, found = lesson.parent.name, set()
-    for node in ast.walk(ast.parse(lesson.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module == chapter:  # from zero import census, flags
-            found |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(chapter + "."):
-            found.add(node.module.split(".")[1])  # from zero.flags import Checked
-    # (only files of the folder: deepspeed/ and horovod/ share their names with the libraries)
-    return sorted(path for path in (lesson.parent / f"{name}.py" for name in found) if path.is_file())
-
-
-def helpers_of(lesson):
-    """utils/__init__.py and every utils module the lesson needs, directly, through its chapter's
-    modules or through another helper."""
-    needed, todo = set(), set().union(*map(utils_imports, [lesson, *chapter_modules(lesson)]))
-    while todo:
-        name = todo.pop()
-        if name not in needed:
-            needed.add(name)
-            todo |= utils_imports(ROOT / "utils" / f"{name}.py")
-    return [ROOT / "utils" / "__init__.py"] + sorted(ROOT / "utils" / f"{n}.py" for n in needed)
 
 
 @pytest.mark.parametrize("lesson", LIFTS_OUT, ids=lambda p: p.relative_to(ROOT).as_posix())
@@ -115,17 +72,7 @@ def lifted(tmp_path_factory):
     beside a utils/ holding only its helpers."""
     copies = {}
     for lesson in LIFTS_OUT:
-        folder = tmp_path_factory.mktemp(lesson.parent.name.lower())
-        shutil.copy(lesson, folder / "main.py")
-        for config in lesson.parent.glob("*.json"):
-            shutil.copy(config, folder / config.name)
-        for module in chapter_modules(lesson):
-            (folder / lesson.parent.name).mkdir(exist_ok=True)
-            shutil.copy(module, folder / lesson.parent.name / module.name)
-        (folder / "utils").mkdir()
-        for helper in helpers_of(lesson):
-            shutil.copy(helper, folder / "utils" / helper.name)
-        copies[lesson] = folder
+        copies[lesson] = lift(lesson, tmp_path_factory.mktemp(lesson.parent.name.lower())).parent
     return copies
 
 
@@ -234,3 +181,82 @@ def test_each_torch_lesson_reads_the_launchers_as_the_ddp_lesson_does(lesson):
                 and getattr(node, "name", None) == "who_am_i" or isinstance(node, ast.Assign)
                 and any(getattr(t, "id", None) == "LAUNCHERS" for t in node.targets)]
     assert len(step_1(ROOT / DDP)) == 2 and step_1(lesson) == step_1(ROOT / DDP)
+
+
+# Every lesson whose ranks join a torch.distributed group (gloo's threads) ends in the same lines; the Horovod lessons
+# end in hvd.shutdown() and the interpreter's own teardown.
+TORCH_LESSONS = [ROOT / DDP, ROOT / DS, ROOT / ZERO, ROOT / support.FSDP_CKPT, *CHAPTER,
+                 ROOT / "diagnose" / "overlap.py", ROOT / "diagnose" / "collectives.py"]
+
+
+def ending(path):
+    """The statements of the lesson's `if __name__ == "__main__":` block from `mpi = ...` on."""
+    tree = ast.parse(path.read_text())
+    (block,) = [n for n in tree.body if isinstance(n, ast.If) and "__main__" in ast.unparse(n.test)]
+    start = [i for i, node in enumerate(block.body) if ast.unparse(node).startswith("mpi = ")]
+    return block.body[start[0]:] if start else []
+
+
+@pytest.mark.parametrize("lesson", TORCH_LESSONS, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_a_torch_lesson_ends_itself_without_the_interpreters_teardown(lesson):
+    """After main() (through the plumbing, or alone in a copy): MPI finalized where mpi4py started it, the output
+    flushed, exit 0, with nothing after it; torch's holders keep gloo's threads alive past destroy_process_group(),
+    and the teardown can abort a finished rank (tools/PERFORMANCE.md, "The same abort in a lifted copy")."""
+    lines = [ast.unparse(node) for node in ending(lesson)]
+    assert lines and lines[-1] == "os._exit(0)", lines
+    assert lines == [ast.unparse(node) for node in ending(ROOT / DDP)], lesson  # one ending, the same everywhere
+    text = lesson.read_text()
+    assert "pytorch/pytorch#179291" in text and "destroy_process_group()" in text  # says why
+
+
+@pytest.mark.parametrize("lesson", [ROOT / HVD_TORCH, ROOT / HVD_TF, ROOT / HVD_KERAS],
+                         ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_a_horovod_lesson_shuts_horovod_down_and_ends_as_python_does(lesson):
+    tree = ast.parse(lesson.read_text())
+    (main,) = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "main"]
+    assert ast.unparse(main.body[-1]) == "hvd.shutdown()"
+    assert not ending(lesson) and "os._exit" not in lesson.read_text()
+
+
+def test_the_lessons_ending_finalizes_mpi_under_mpiexec(tmp_path):
+    """The lesson's own ending lines, run by 2 ranks under mpiexec that started MPI through mpi4py (as a rank
+    discovering its master address does): each rank's exit code says whether MPI_Finalize ran before os._exit."""
+    code = "\n".join(ast.unparse(node) for node in ending(ROOT / DDP))
+    probe = tmp_path / "probe.py"
+    probe.write_text(f"""import os, sys
+from mpi4py import MPI
+MPI.COMM_WORLD.Barrier()
+
+
+class FinalizedOrNot:  # os, with _exit telling whether MPI was finalized first
+    @staticmethod
+    def _exit(code):
+        print(f"exit {{code}}, MPI finalized: {{MPI.Is_finalized()}}", flush=True)
+        os._exit(code if MPI.Is_finalized() else 3)
+
+
+exec({code!r}, {{"sys": sys, "os": FinalizedOrNot}})
+os._exit(4)  # the ending did not end the process
+""")
+    result = run([str(BIN / "mpiexec"), "-n", "2", str(BIN / "python"), str(probe)], timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count("exit 0, MPI finalized: True") == 2, result.stdout
+
+
+def test_the_plumbing_returns_to_the_lesson_after_a_finished_run():
+    """failures.run_main runs the exit handlers and returns, so that the course's own runs end in the lesson's
+    lines, as a copy does (it used to leave through os._exit itself, and the lesson's ending never ran)."""
+    code = ("import atexit, sys; from utils import failures; atexit.register(print, 'exit handler'); "
+            "failures.run_main(lambda: print('main')); print('back in the lesson'); sys.stdout.flush()")
+    result = run([str(BIN / "python"), "-c", code], timeout=120, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\n")[:3] == ["main", "exit handler", "back in the lesson"], result.stdout
+
+
+@pytest.mark.parametrize("note, lesson", [("DDP/README.md", ROOT / DDP), ("deepspeed/README.md", ROOT / DS),
+                                          ("utils/README.md", ROOT / DDP)])
+def test_the_helpers_line_count_a_note_quotes_is_counted(note, lesson):
+    """The lines a copy takes along, as the note says them, are the files' own count today."""
+    counted = sum(len(p.read_text().splitlines()) for p in helpers_of(lesson))
+    quoted = [int(n) for n in re.findall(r"(\d+) lines", (ROOT / note).read_text().replace("\n", " "))]
+    assert counted in quoted, f"{note} quotes {quoted}; the helpers {lesson.name} takes along are {counted} lines"

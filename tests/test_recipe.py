@@ -66,9 +66,11 @@ def test_the_core_steps_are_in_every_training_lesson():
 @pytest.mark.parametrize("script", LESSONS)
 def test_lessons_are_short_and_carry_no_hooks(script):
     text = (ROOT / script).read_text()
-    # Lines of at most 100 columns (pyproject.toml), 200 lines at most: a lesson read top to bottom. The
-    # transformer chapter's lessons also build on a mesh and keep sharded checkpoints: 250.
-    most = 250 if script.startswith("transformer/") else 200
+    # Lines of at most 100 columns (pyproject.toml), 215 lines at most: a lesson read top to bottom. The
+    # transformer chapter's lessons also build on a mesh and keep sharded checkpoints: 265. (Each cap grew by 15
+    # on 2026-12-02 for the lesson's plain ending: `if plumbing:` as a statement, and the lines that leave
+    # without the interpreter's teardown, which can abort a finished rank.)
+    most = 265 if script.startswith("transformer/") else 215
     assert len(text.splitlines()) <= most, f"{script}: {len(text.splitlines())} lines (at most {most})"
     # COURSE_VERBOSE is the reader's own switch (utils/quiet.py); any other COURSE_ variable is a test's.
     for hook in (r"\bfaults\b", "COURSE_(?!VERBOSE)", "PHASES_OUT", "SCALING_DL_", r"\bbench"):

@@ -208,8 +208,8 @@ def main():
 
 def run_lesson(script, finish):
     """Run the lesson `script` (sys.argv already its own) in this process, then finish(exit_code) once. finish is
-    also an exit handler: a lesson that finishes leaves through the exit handlers and os._exit, never returning
-    here (utils/log.run_main). The lesson's own non-zero exit is passed on."""
+    also an exit handler: a lesson that finishes runs the exit handlers (utils/failures.run_main), then leaves
+    through its own last lines (os._exit), never returning here. The lesson's own non-zero exit is passed on."""
     done = []
 
     def once(code=0):

@@ -384,7 +384,7 @@ def gather_object(obj):
 
 def shutdown():
     """Leave together: every rank is past its last collective before any rank unregisters the
-    groups. (The groups' gloo threads live on while the wrapped model holds them; run_main ends a
+    groups. (The groups' gloo threads live on while the wrapped model holds them; a lesson ends a
     finished rank without the interpreter's finalization, which would tear them down.)"""
     if _initialized():
         import torch.distributed as tdist

@@ -162,8 +162,8 @@ def run_main(main):
     - a lost peer (a rank that died, or hung past the collective timeout): which rank waited, in
       which collective at which line, in which epoch and step, and what to do next; exit 1.
 
-    A finished main() leaves through _leave_finished(): exit 0 without the interpreter's
-    finalization (why: its docstring).
+    A finished main() runs the exit handlers (_leave_finished) and returns: the lesson's own last
+    lines end the process, as they do in a copy without the plumbing.
 
     A run that fails before its first result removes the folders it created. Under torchrun the
     line also goes into the worker's error file, so torchrun's report names it as the cause. A bug
@@ -243,15 +243,14 @@ def _no_rank_0(exc):
 
 
 def _leave_finished():
-    """Exit 0 after the exit handlers (Horovod's shutdown, mpi4py's MPI_Finalize, the TensorBoard
-    file's close), without the interpreter's finalization. destroy_process_group() only unregisters
-    the process group: the wrapped model (DDP's reducer, DeepSpeed's engine, FSDP2's mesh) still
-    holds it, and with it gloo's threads. Finalization would tear those down in no fixed order,
-    which can abort a rank after its summary ("terminate called without an active exception")."""
+    """A finished main(): the exit handlers now (Horovod's shutdown, mpi4py's MPI_Finalize, the
+    TensorBoard file's close, this process's temporary folder, a measuring tool's), then back to
+    the lesson, whose own last lines leave without the interpreter's teardown (torch's holders
+    keep gloo's threads alive past destroy_process_group(), and the teardown can abort a finished
+    rank), exactly as a copy of the lesson does without the plumbing."""
     atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
 
 
 def _quit(line, code, prefix="error"):

@@ -189,9 +189,12 @@ def main(args):
     if args.save_model and rank == 0:
         torch.save(model.state_dict(), Path(log_dir) / "model.pt")
     run.summary({"param_checksums": checksums, "device": device})
-    hvd.shutdown()
+    hvd.shutdown()  # Horovod's background thread joined: the interpreter's teardown finds it gone
 
 
 if __name__ == "__main__":
     parser = clip_flag(horovod_flags(get_parser(__doc__, backend=False)))
-    plumbing.run_main(main, parser) if plumbing else main(parser.parse_args())
+    if plumbing:
+        plumbing.run_main(main, parser)
+    else:
+        main(parser.parse_args())

@@ -192,9 +192,12 @@ def main(args):
     if args.save_model and rank == 0:  # all checksums equal, or something broke
         model.save_weights(str(Path(log_dir) / "model.weights.h5"))
     run.summary({"param_checksums": checksums, "device": device})
-    hvd.shutdown()
+    hvd.shutdown()  # Horovod's background thread joined: the interpreter's teardown finds it gone
 
 
 if __name__ == "__main__":
     parser = horovod_flags(get_parser(__doc__, backend=False))
-    plumbing.run_main(main, parser) if plumbing else main(parser.parse_args())
+    if plumbing:
+        plumbing.run_main(main, parser)
+    else:
+        main(parser.parse_args())
