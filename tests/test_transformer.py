@@ -92,6 +92,32 @@ def test_a_data_folder_without_the_text_is_one_line(tmp_path):
     assert line.startswith("error: ") and f"no input.txt in {tmp_path}" in line and "--download" in line
 
 
+
+@pytest.mark.parametrize("lesson", ["ddp", "fsdp", "tp", "cp", "ep", "pp"])
+def test_a_text_shorter_than_its_windows_is_one_line_naming_the_length(lesson, tmp_path):
+    """A 10-byte input.txt: the lesson says how long the text must be for its --context and ranks, when the flags
+    are read (one process told it is rank 0 of 2: the parse path every rank takes), not torch's `random_ expects
+    'from' to be less than 'to'` from the first draw of a window."""
+    (tmp_path / "input.txt").write_bytes(b"0123456789")
+    result = run(python(f"transformer/{lesson}.py", *SMALL, "--data-dir", tmp_path), timeout=120,
+                 env={"RANK": "0", "WORLD_SIZE": "2"})
+    assert result.returncode == 2, result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert "input.txt has 10 bytes: --context 32 on 2 rank(s) needs at least 651 " in line, line
+
+
+def test_a_short_text_is_refused_on_every_rank_and_a_long_enough_one_trains(tmp_path):
+    """The same under mpiexec, every rank; then the shortest text the line names trains (one epoch)."""
+    (tmp_path / "input.txt").write_bytes(b"x" * 650)
+    result = run(mpiexec(2, SCRIPT, *SMALL, "--data-dir", tmp_path, "--log-dir", tmp_path / "run"), timeout=120)
+    assert_each_rank_refused(result, "input.txt has 650 bytes: --context 32 on 2 rank(s) needs at least 651", 2,
+                             "mpiexec")
+    (tmp_path / "input.txt").write_bytes(bytes(range(256)) * 2 + b"y" * 139)  # 651 bytes
+    check(run(mpiexec(2, SCRIPT, *SMALL, "--data-dir", tmp_path, "--epochs", "1", "--max-steps", "2",
+                      "--log-dir", tmp_path / "run"), timeout=180))
+    (m,) = metrics(tmp_path / "run")
+    assert m["test_loss"] > 0
+
 @LONG
 def test_one_process_learns_the_text_to_the_readme_threshold(tmp_path):
     """The README's run: the default model, 200 steps of 16 x 128 bytes, seeded: the test loss falls from

@@ -205,7 +205,7 @@ def main(args):
 
 
 if __name__ == "__main__":
-    parser = text.parser(__doc__, "ddp")
+    parser = text.parser(__doc__, "ddp", who_am_i()[2])  # checked for n ranks
     if plumbing:
         plumbing.run_main(main, parser)
     else:

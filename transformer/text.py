@@ -112,8 +112,25 @@ class Parser(parse_args.Parser):
         return args, rest
 
 
+def shortest_text(context, ranks):
+    """The fewest bytes of input.txt that load() splits into a train part with a window of
+    `context` + 1 bytes to draw and a test part with at least one window for each rank."""
+    size = 10 * (ranks * context + 2) - 10
+    while True:
+        cut = size * 9 // 10
+        test = size - cut
+        if cut - context - 1 >= 1 and len(range(0, test - context - 1, context)) >= ranks:
+            return size
+        size += 1
+
+
 def problems(args, lesson, ranks=1, schedules=None):
     """What the chapter's lesson cannot do with these flags on `ranks` ranks."""
+    given = Path(args.data_dir or "data") / "input.txt" if args.data_dir or args.download else None
+    if given and given.is_file() and given.stat().st_size < shortest_text(args.context, ranks):
+        yield (f"{given} has {given.stat().st_size:,} bytes: --context {args.context} on {ranks} "
+               f"rank(s) needs at least {shortest_text(args.context, ranks):,} (90% trains: a "
+               f"window of {args.context + 1} bytes; 10% tests: a window for each rank)")
     if lesson == "fsdp" and ranks % args.replicate:
         yield f"--replicate {args.replicate} does not divide the {ranks} rank(s) into copies"
     if (getattr(args, "bf16", False) and args.device in ("auto", "cuda")
