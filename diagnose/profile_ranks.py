@@ -53,7 +53,7 @@ def world_size_from_env():
 
 
 class Spans:
-    """What tools/phases.patch asks of a timer: wrap(phase, fn) and start_epoch(epoch). Each
+    """What tools/phases.py's patch() asks of a timer: wrap(phase, fn) and start_epoch(epoch). Each
     wrapped call becomes a record_function span; the outermost optimizer call ends a step."""
 
     def __init__(self, prof, rank, slow_rank, slow_ms):

@@ -104,3 +104,33 @@ def test_the_backend_is_checked_by_one_function_before_and_after_the_device_is_p
     expected = result.stdout.strip().splitlines()[0]
     assert expected.startswith("--backend nccl connects cuda devices, not cpu"), result.stdout
     assert result.returncode == 2 and f"error: {expected}" in result.stderr, result.stderr
+
+
+# A path into the course's own folders, as notes, job scripts and tools name one (a library's own path, such as
+# DeepSpeed's deepspeed/runtime/..., is under site-packages: named with its package, below).
+TOP = ("DDP", "horovod", "deepspeed", "zero", "transformer", "diagnose", "utils", "tools", "submissions", "tests",
+       "assets")
+NAMED = r"(?<![\w./~-])((?:%s)/[\w./-]*\w\.(?:py|sh|md|json|tsv|png|txt|patch))\b" % "|".join(TOP)
+LIBRARY_PATHS = {"deepspeed/runtime/zero/stage_1_and_2.py"}  # DeepSpeed's file, quoted in tools/PERFORMANCE.md
+PLACEHOLDERS = {"transformer/X.py"}  # part2.md: "X" stands for each split lesson's name
+
+
+def named_paths(text):
+    import re
+    return {m.group(1) for m in re.finditer(NAMED, text)} - LIBRARY_PATHS - PLACEHOLDERS
+
+
+def test_every_file_a_note_a_job_script_or_a_tool_names_exists():
+    import subprocess
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    missing = {}
+    for name in tracked:
+        if name.endswith((".md", ".sh", ".py", ".tsv")) and not name.startswith("tests/"):
+            for path in named_paths((ROOT / name).read_text(errors="replace")):
+                if not (ROOT / path).exists():
+                    missing.setdefault(path, []).append(name)
+    assert not missing, missing
+
+
+def test_the_named_file_rule_catches_a_stale_name():
+    assert named_paths("the Keras CNN of utils/tf_utils.py, and ~/my-project/utils/log.py") == {"utils/tf_utils.py"}

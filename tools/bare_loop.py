@@ -10,8 +10,8 @@ preloaded tensors with a DistributedSampler of one replica (the examples' data p
 (`--adam-config`: a DeepSpeed config whose optimizer params, betas/eps/weight_decay, it copies). Each step is
 timed by tools/phases.py's timers, the same that time an example's step, and the records go to
 $PHASES_OUT-rank0.json as phases.py writes them; with $PHASES_TURNS it takes turns with the example step by step.
-TensorFlow: the Keras CNN of utils/tf_utils.py with SGD in a tf.function step on batches sliced from the
-preloaded arrays; samples/s per epoch go to DIR/metrics.jsonl, as the examples write them.
+TensorFlow: the Keras CNN of horovod/tensorflow/main.py (its Net) with SGD in a tf.function step on batches sliced
+from the preloaded arrays; samples/s per epoch go to DIR/metrics.jsonl, as the examples write them.
 `python tools/bench.py` starts it (bench_overhead.py); it needs no launcher.
 """
 import argparse

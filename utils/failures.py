@@ -16,7 +16,7 @@ from utils.data import DataError
 from utils.errors import NonFiniteLoss, UserError, fail, say
 from utils.runfiles import chosen_log_dir, epochs_done, has_checkpoint, holder_of, remove_debris
 
-_ARGS = []  # the run's parsed flags (parse_args.parse notes them): --log-dir, --dist-timeout
+_ARGS = []  # the run's parsed flags (checks.parse notes them): --log-dir, --dist-timeout
 
 
 def note_args(args):
