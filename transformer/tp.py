@@ -230,9 +230,9 @@ if __name__ == "__main__":
     # The run is over: leave without the interpreter's teardown. DTensor's collectives keep gloo's
     # groups, and their threads, alive past destroy_process_group(), and the teardown can then abort
     # a finished rank ("terminate called without an active exception"; pytorch/pytorch#179291).
+    sys.stdout.flush()  # first: mpiexec may drop what a rank writes after MPI_Finalize
+    sys.stderr.flush()
     mpi = sys.modules.get("mpi4py.MPI")  # under mpiexec: MPI_Finalize, as mpi4py would at exit
     if mpi and mpi.Is_initialized() and not mpi.Is_finalized():
         mpi.Finalize()
-    sys.stdout.flush()
-    sys.stderr.flush()
     os._exit(0)

@@ -64,7 +64,7 @@ case "$EXAMPLE" in  # Horovod is not on Aurora: say so before anything is loaded
   horovod-pytorch) fail "Horovod for PyTorch is no longer in Aurora's frameworks module" \
     "(ALCF's PyTorch guide, 2026): on Aurora use DDP, EXAMPLE=ddp (xccl backend)" ;;
   horovod-*) fail "the Horovod TensorFlow examples have no Intel GPU path (--device xpu stops" \
-    "in horovod/tensorflow/main.py): on Aurora use DDP, EXAMPLE=ddp (xccl backend)" ;;
+    "in the Horovod TensorFlow lesson): on Aurora use DDP, EXAMPLE=ddp (xccl backend)" ;;
 esac
 SCRIPT=${SCRIPT:-$(example_script "$EXAMPLE")}  # yours: SCRIPT=/path/to/train.py
 read -r -a TRAIN_ARGS <<< "${TRAIN_ARGS:-}"  # qsub passes no arguments: -v TRAIN_ARGS="..."
