@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent  # the venv's bin: torchrun, mpiexec, horovodrun, deepspeed
 sys.path.append(str(ROOT))  # after site-packages: `import horovod` stays the library
 from tools.launch import EXAMPLES, launch_command
+from warm import WarmCommand, run_warm, warm  # noqa: F401  (warm: the tests import it from here)
 from utils import data
 from utils.dist import free_port  # noqa: F401  (the tests import it from here)
 
@@ -65,6 +66,13 @@ def run(cmd, timeout=300, env=None, cwd=ROOT):
     if any(name.startswith("COURSE_") for name in env or {}):  # test-only fault injection (tests/hooks/faults.py)
         full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "tests" / "hooks"),
                                                                  full_env.get("PYTHONPATH")]))
+    if isinstance(cmd, WarmCommand):  # ranks forked from a warm interpreter (tests/warm.py)
+        refuse_warm_where_a_launcher_is_named()
+        code, out, err, timed_out = run_warm(cmd, timeout, full_env, cwd)
+        if timed_out:
+            pytest.fail(f"timed out after {timeout}s: {' '.join(cmd)}\n--- stdout\n{out[-3000:]}\n"
+                        f"--- stderr\n{err[-3000:]}")
+        return subprocess.CompletedProcess(cmd, code, out, err)
     proc = subprocess.Popen([str(c) for c in cmd], cwd=cwd, env=full_env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
@@ -75,6 +83,18 @@ def run(cmd, timeout=300, env=None, cwd=ROOT):
         pytest.fail(f"timed out after {timeout}s: {' '.join(map(str, cmd))}\n--- stdout\n{out[-3000:]}\n"
                     f"--- stderr\n{err[-3000:]}")
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+LAUNCHER_NAMES = re.compile(r"torchrun|mpiexec|mpirun|horovodrun|srun|sbatch|qsub|deepspeed[-_]launcher")
+
+
+def refuse_warm_where_a_launcher_is_named():
+    """A test whose id names a launcher makes a claim about it: it launches it (tests/README.md)."""
+    test_id = os.environ.get("PYTEST_CURRENT_TEST", "").split("::", 1)[-1].rsplit(" (", 1)[0]
+    named = LAUNCHER_NAMES.search(test_id)
+    if named:
+        pytest.fail(f"{test_id} names {named.group()} but starts its ranks warm: a test that names a launcher "
+                    "launches it (tests/README.md)")
 
 
 def kill_tree(proc):

@@ -1,4 +1,5 @@
-"""DDP/main.py under its real launchers (torchrun, mpiexec), on the shipped MNIST digits."""
+"""DDP/main.py on the shipped MNIST digits: its 2-rank run under torchrun (and its copy under mpiexec, in
+tests/test_lift_out.py), every rank's refusal under torchrun; the rest with ranks started warm (tests/README.md)."""
 import pytest
 import torch
 
@@ -9,11 +10,11 @@ from support import (
     check,
     error_lines,
     metrics,
-    python,
     run,
     run_rows,
     summary,
     torchrun,
+    warm,
 )
 
 SCRIPT = DDP
@@ -42,8 +43,8 @@ def test_two_ranks_equal_one_process_on_the_combined_batch(tmp_path):
     """Gradients are averaged, not summed or dropped: 2 x batch 32 == 1 x batch 64 (same data order)."""
     same = ["--epochs", "1", "--max-steps", "6", "--no-lr-scaling", "--dropout", "0", "--lr", "0.05",
             "--save-model"]
-    check(run(torchrun(2, SCRIPT, *same, "--batch-size", "32", "--log-dir", tmp_path / "two"), timeout=240))
-    check(run(python(SCRIPT, *same, "--batch-size", "64", "--log-dir", tmp_path / "one"), timeout=240))
+    check(run(warm(2, SCRIPT, *same, "--batch-size", "32", "--log-dir", tmp_path / "two"), timeout=240))
+    check(run(warm(1, SCRIPT, *same, "--batch-size", "64", "--log-dir", tmp_path / "one"), timeout=240))
     two = torch.load(tmp_path / "two" / "model.pt", weights_only=True)
     one = torch.load(tmp_path / "one" / "model.pt", weights_only=True)
     moved = 0.0
@@ -51,22 +52,22 @@ def test_two_ranks_equal_one_process_on_the_combined_batch(tmp_path):
         torch.testing.assert_close(two[name], one[name], rtol=0, atol=1e-5, msg=name)
         moved = max(moved, (one[name] - two[name]).abs().max().item())
     # ...and the comparison is not vacuous: summed gradients (2x lr) would differ by far more.
-    check(run(python(SCRIPT, *same, "--batch-size", "64", "--lr", "0.1", "--log-dir", tmp_path / "double"),
+    check(run(warm(1, SCRIPT, *same, "--batch-size", "64", "--lr", "0.1", "--log-dir", tmp_path / "double"),
               timeout=240))
     double = torch.load(tmp_path / "double" / "model.pt", weights_only=True)
     assert max((double[n] - one[n]).abs().max().item() for n in one) > 1e-3
 
 
 def test_reaches_90_percent_on_real_digits(tmp_path):
-    check(run(torchrun(2, SCRIPT, "--epochs", "2", "--log-dir", tmp_path), timeout=300))
+    check(run(warm(2, SCRIPT, "--epochs", "2", "--log-dir", tmp_path), timeout=300))
     assert metrics(tmp_path)[-1]["test_acc"] >= 0.90
 
 
 def test_resume_matches_an_uninterrupted_run(tmp_path, quick_run):
     """Epoch 1, then --resume to epoch 2, ends where the 2-epoch QUICK run ended."""
     straight = quick_run(torchrun)
-    check(run(torchrun(2, SCRIPT, *QUICK, "--epochs", "1", "--log-dir", tmp_path), timeout=240))
-    check(run(torchrun(2, SCRIPT, *QUICK, "--resume", "--log-dir", tmp_path), timeout=240))
+    check(run(warm(2, SCRIPT, *QUICK, "--epochs", "1", "--log-dir", tmp_path), timeout=240))
+    check(run(warm(2, SCRIPT, *QUICK, "--resume", "--log-dir", tmp_path), timeout=240))
     assert summary(tmp_path)["param_checksums"] == summary(straight)["param_checksums"]
     straight, split = metrics(straight), metrics(tmp_path)
     assert [m["epoch"] for m in split] == [1, 2]
@@ -103,7 +104,7 @@ def test_bad_input_fails_every_rank_under_torchrun(tmp_path):
 
 
 def test_missing_mnist_in_data_dir_is_reported(tmp_path):
-    result = run(python(SCRIPT, "--data-dir", tmp_path, "--log-dir", tmp_path / "log"), timeout=120)
+    result = run(warm(1, SCRIPT, "--data-dir", tmp_path, "--log-dir", tmp_path / "log"), timeout=120)
     assert result.returncode != 0
     assert error_lines(result.stderr) == [f"error: no MNIST in {tmp_path} (MNIST/raw/"
                                           "train-images-idx3-ubyte[.gz] etc., or mnist.npz): add --download, "
@@ -112,9 +113,9 @@ def test_missing_mnist_in_data_dir_is_reported(tmp_path):
 
 def test_resume_auto_on_a_finished_run_leaves_it_alone(tmp_path):
     quick = ["--epochs", "1", "--max-steps", "3", "--log-dir", tmp_path]
-    check(run(torchrun(2, SCRIPT, *quick), timeout=240))
+    check(run(warm(2, SCRIPT, *quick), timeout=240))
     before = {name: (tmp_path / name).read_bytes() for name in ("summary.json", "metrics.jsonl", "config.json")}
-    again = check(run(torchrun(2, SCRIPT, *quick, "--resume", "auto"), timeout=240))
+    again = check(run(warm(2, SCRIPT, *quick, "--resume", "auto"), timeout=240))
     assert again.stdout.count("nothing left to do") == 1, again.stdout  # said once (rank 0), exit 0
     assert "epoch  1" not in again.stdout  # no training
     assert {name: (tmp_path / name).read_bytes() for name in before} == before
@@ -125,7 +126,7 @@ def test_the_warmup_ramps_the_lr_from_one_ranks_to_the_scaled_one(tmp_path):
     (4 steps an epoch) is on the line from --lr to 2 x --lr, then stays there."""
     flags = ["--epochs", "3", "--max-steps", "4", "--grad-accum", "2", "--lr-warmup-epochs", "2", "--lr", "0.04",
              "--num-threads", "1", "--log-dir", tmp_path]
-    check(run(python(SCRIPT, *flags), timeout=240))
+    check(run(warm(1, SCRIPT, *flags), timeout=240))
     lrs = [m["lr"] for m in metrics(tmp_path)]
     assert lrs == pytest.approx([0.04 * (1 + 0.75 / 2), 0.04 * (1 + 1.75 / 2), 0.08], rel=1e-12), lrs
     assert lrs[2] == 0.04 * 2  # past the warmup: the scaled LR itself

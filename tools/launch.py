@@ -68,6 +68,19 @@ def launch_command(example, nproc=1, launcher="torchrun", args=(), *, port=None,
             *program, *tail]
 
 
+def torchrun_worker_env(rank, nproc, port):
+    """The variables torchrun gives worker `rank` of `nproc` on one node (torch 2.14, printed from a worker),
+    less its agent's own: TORCHELASTIC_USE_AGENT_STORE (the agent hosts the store; without an agent, rank 0
+    does, as under mpiexec) and TORCHELASTIC_ERROR_FILE (its per-attempt folder). For tests/warm.py, which
+    starts a lesson's ranks without the launcher, as torchrun would have started them."""
+    return {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nproc), "LOCAL_WORLD_SIZE": str(nproc),
+            "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1", "ROLE_RANK": str(rank), "ROLE_NAME": "default",
+            "ROLE_WORLD_SIZE": str(nproc), "MASTER_ADDR": LOOPBACK, "MASTER_PORT": str(port),
+            "TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_RUN_ID": "none",
+            "TORCHELASTIC_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", **({"OMP_NUM_THREADS": "1"} if nproc > 1 else {})}
+
+
 def simulated_nodes(example, nnodes, nproc_per_node, launcher="torchrun", args=(), *, port=None, bin_dir=None,
                     python=None):
     """Commands that run `example` as `nnodes` nodes of `nproc_per_node` ranks, all on this host: a multi-node

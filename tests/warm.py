@@ -1,0 +1,280 @@
+"""Ranks started warm: a lesson's processes forked from an interpreter that has already imported torch.
+
+A rank started from cold spends seconds before it trains: `import torch`, then its first optimizer step imports
+`torch._dynamo` (tools/PERFORMANCE.md, "what the launches alone cost"). Most tests start ranks to check what the
+ranks do (N ranks equal one process, a checkpoint continues, a bad value is refused), not how a launcher starts
+them. Those tests start them here: one server per test process (a fresh interpreter, `python tests/warm.py`)
+imports torch and takes one optimizer step, then forks a child per rank. The child is a real process (its own pid,
+exit code, signals, stdout, stderr and files) that runs the lesson file as `__main__` with the launcher's
+environment (tools/launch.py `torchrun_worker_env`) and its argv. The lesson cannot tell, except that torch was
+already imported. Why a server of our own and not multiprocessing's forkserver: a forkserver child is a
+multiprocessing worker (its stdio, signals and exit code are the pool's, and it returns to the pool); ours must be
+`python lesson.py` in every way a test can see. It forks with no thread in the server but OpenBLAS's (checked before each
+fork; OpenBLAS stops its pool around a fork): no process group, no OpenMP pool. Which tests start warm, and which keep their launcher: tests/README.md.
+
+    run(warm(2, "DDP/main.py", "--epochs", "1"))     # as run(torchrun(2, ...)): a CompletedProcess
+"""
+import io
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class WarmCommand(list):
+    """What warm() returns: the command as a list to print, with what the server needs."""
+
+    def __init__(self, nproc, script, args):
+        self.nproc, self.script, self.args = nproc, str(ROOT / script), [str(a) for a in args]
+        super().__init__(["warm", "-n", str(nproc), self.script, *self.args])
+
+
+def warm(nproc, script, *args):
+    """`script` on `nproc` ranks forked warm: 1 is `python script`, more are torchrun's workers on one node."""
+    return WarmCommand(nproc, script, args)
+
+
+# ---- the client: in the test's process ------------------------------------------------------------------------
+
+_server = None
+
+
+def _the_server():
+    global _server
+    if _server is None or _server.poll() is not None:
+        folder = Path(tempfile.mkdtemp(prefix="warm-"))
+        env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "PYTHONPATH")}
+        _server = subprocess.Popen([sys.executable, __file__, str(folder / "socket")], env=env, cwd=ROOT,
+                                   stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True,
+                                   start_new_session=True)
+        ready = _server.stdout.readline()
+        if not ready.startswith("ready "):
+            raise RuntimeError(f"the warm server did not start: {ready!r}")
+        _server.socket_path = ready.split(" ", 1)[1].strip()
+    return _server
+
+
+def _start(argv, env, cwd, stdout, stderr):
+    """One child: (pid, a socket that will carry its exit status)."""
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.connect(_the_server().socket_path)
+    request = json.dumps({"argv": argv, "env": env, "cwd": str(cwd)}).encode()
+    with open(os.devnull) as stdin:
+        socket.send_fds(conn, [request], [stdin.fileno(), stdout, stderr])
+    reply = b""
+    while not reply.endswith(b"\n"):
+        chunk = conn.recv(64)
+        if not chunk:
+            raise RuntimeError("the warm server closed the connection before the child started")
+        reply += chunk
+    return int(reply.split()[1]), conn
+
+
+def _status(conn):
+    """The child's exit status as Popen gives it (negative: killed by that signal), once it has ended."""
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = conn.recv(64)
+        if not chunk:
+            raise RuntimeError("the warm server went away before the child ended")
+        data += chunk
+    conn.close()
+    return int(data.split()[1])
+
+
+def run_warm(cmd, timeout, env, cwd):
+    """Run a WarmCommand as support.run runs a command: (returncode, stdout, stderr, timed out). The return code
+    is the first failing rank's (in rank order), as the rank itself ended; 0 if all ended with 0."""
+    from utils.dist import free_port
+    from tools.launch import torchrun_worker_env
+    port = free_port()
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    children = []
+    try:
+        for rank in range(cmd.nproc):
+            rank_env = dict(env)
+            if cmd.nproc > 1:
+                launcher_env = torchrun_worker_env(rank, cmd.nproc, port)
+                if "OMP_NUM_THREADS" in env:  # torchrun sets it only where the user did not
+                    launcher_env.pop("OMP_NUM_THREADS", None)
+                rank_env.update(launcher_env)
+            children.append(_start([cmd.script, *cmd.args], rank_env, cwd, out_w, err_w))
+    finally:
+        os.close(out_w)
+        os.close(err_w)
+    out, err = [], []
+    readers = [threading.Thread(target=_drain, args=(fd, into), daemon=True)
+               for fd, into in ((out_r, out), (err_r, err))]
+    for reader in readers:
+        reader.start()
+    deadline, codes, timed_out = time.monotonic() + timeout, {}, False
+    while len(codes) < len(children):
+        left = [conn for pid, conn in children if pid not in codes]
+        ready, _, _ = select.select(left, [], [], max(0.0, deadline - time.monotonic()))
+        if ready:
+            codes.update({pid: _status(conn) for pid, conn in children if conn in ready})
+        elif timed_out:  # killed 30 s ago and still not reaped: give up on them
+            break
+        else:
+            timed_out, deadline = True, time.monotonic() + 30
+            for pid, _ in children:
+                if pid not in codes:
+                    _kill_group(pid)
+    for reader in readers:
+        reader.join(timeout=30)
+    failing = [codes[pid] for pid, _ in children if codes.get(pid)]
+    return (failing[0] if failing else 0), "".join(out), "".join(err), timed_out
+
+
+def _drain(fd, into):
+    with open(fd, "rb") as f:
+        for chunk in iter(lambda: f.read1(65536), b""):
+            into.append(chunk.decode("utf-8", "replace"))
+
+
+def _kill_group(pid):
+    for target in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
+        try:
+            target()
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+# ---- the server: `python tests/warm.py SOCKET` -----------------------------------------------------------------
+
+def _preload():
+    """What every rank of a PyTorch lesson imports first, and its first optimizer step (torch._dynamo). Returns
+    the threads numpy's OpenBLAS started (its pool: OpenBLAS stops it before a fork, pthread_atfork, and the child
+    starts its own); anything after that would be copied half-alive into the child."""
+    import numpy  # noqa: F401
+    openblas = _threads()
+    import torch
+    import torch.distributed  # noqa: F401
+    import torch.nn.functional  # noqa: F401
+    model = torch.nn.Linear(4, 4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(torch.ones(2, 4)).sum().backward()
+    optimizer.step()
+    return openblas
+
+
+def _threads():
+    return len(os.listdir("/proc/self/task"))
+
+
+def serve(socket_path):
+    threads = _preload()
+    if _threads() > threads:
+        raise SystemExit(f"warm server: {_threads() - threads} threads started by torch; a fork would copy them"
+                         " half-alive")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(socket_path)
+    listener.listen(64)
+    print(f"ready {socket_path}", flush=True)
+    parent = os.getppid()
+    waiting = {}  # pid -> the connection that gets its exit status
+    while os.getppid() == parent:  # the test process that started us is gone: so are we
+        readable, _, _ = select.select([listener], [], [], 0.05)
+        if readable:
+            conn, _ = listener.accept()
+            message, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+            request = json.loads(message)
+            if _threads() > threads:
+                raise SystemExit("warm server: a thread started; no more forks")
+            pid = os.fork()
+            if pid == 0:
+                listener.close()
+                conn.close()
+                _child(request, fds)  # never returns
+            for fd in fds:
+                os.close(fd)
+            conn.sendall(f"pid {pid}\n".encode())
+            waiting[pid] = conn
+        while waiting:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if not pid:
+                break
+            code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+            conn = waiting.pop(pid, None)
+            if conn:
+                try:
+                    conn.sendall(f"exit {code}\n".encode())
+                except OSError:
+                    pass
+                conn.close()
+
+
+def _child(request, fds):
+    """Become `python SCRIPT ARGS...` with the request's environment and working directory, then end as Python
+    ends: the exit handlers run, the output is flushed, the exit code is the script's."""
+    os.setsid()  # a process group of its own, as a launcher's worker has
+    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGCHLD, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(signum, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for target, fd in zip((0, 1, 2), fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    os.environ.clear()
+    os.environ.update(request["env"])
+    os.chdir(request["cwd"])
+    unbuffered = bool(os.environ.get("PYTHONUNBUFFERED"))
+    sys.stdin = sys.__stdin__ = io.TextIOWrapper(io.FileIO(0, "r", closefd=False))
+    sys.stdout = sys.__stdout__ = io.TextIOWrapper(io.FileIO(1, "w", closefd=False) if unbuffered else
+                                                   io.BufferedWriter(io.FileIO(1, "w", closefd=False)),
+                                                   write_through=unbuffered)
+    sys.stderr = sys.__stderr__ = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), errors="backslashreplace",
+                                                   write_through=True)
+    import torch
+    if "OMP_NUM_THREADS" in os.environ:  # read by torch when it was imported, in the server: apply it here
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    script = request["argv"][0]
+    sys.argv = list(request["argv"])
+    sys.path[0] = str(Path(script).resolve().parent)  # as `python script` starts: its folder, then PYTHONPATH
+    extra = [folder for folder in os.environ.get("PYTHONPATH", "").split(os.pathsep) if folder]
+    sys.path[1:1] = extra
+    if any((Path(folder) / "sitecustomize.py").exists() for folder in extra):  # (tests/hooks: faults)
+        sys.modules.pop("sitecustomize", None)
+        import sitecustomize  # noqa: F401
+    code = 0
+    try:
+        import runpy
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as stop:
+        if stop.code is None:
+            code = 0
+        elif isinstance(stop.code, int):
+            code = stop.code
+        else:
+            print(stop.code, file=sys.stderr)
+            code = 1
+    except KeyboardInterrupt:
+        sys.excepthook(*sys.exc_info())
+        code = -signal.SIGINT
+    except BaseException:
+        sys.excepthook(*sys.exc_info())
+        code = 1
+    try:
+        threading._shutdown()  # as the interpreter does at exit: wait for non-daemon threads
+        import atexit
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        if code == -signal.SIGINT:  # as Python ends on an uncaught KeyboardInterrupt
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
+        os._exit(code & 0xFF)
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1])
