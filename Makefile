@@ -37,9 +37,10 @@ demo: setup
 # starts ranks and waits for them), each file whole on one worker (its shared runs made once); then, alone
 # on the machine, the tests that time something (marker `serial`). Both always run; either failing fails.
 WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n < 4 ? n : 4 )))
+# K: only the tests whose names match (pytest -k): make test K=ddp, make test K="transformer and not split".
 SUITE = $(PY) -m pytest tests -m "$(1) and not serial" -n $(WORKERS) --dist loadfile --durations=20 \
-	$(PYTEST_ARGS); a=$$?; $(PY) -m pytest tests -m "$(1) and serial" --durations=5 $(PYTEST_ARGS); \
-	b=$$?; exit $$(( a || b ))
+	$(if $(K),-k "$(K)") $(PYTEST_ARGS); a=$$?; $(PY) -m pytest tests -m "$(1) and serial" --durations=5 \
+	$(if $(K),-k "$(K)") $(PYTEST_ARGS); b=$$?; [ $$b = 5 ] && [ -n "$(K)" ] && b=0; exit $$(( a || b ))
 test: setup
 	@$(call SUITE,not long)
 

@@ -19,9 +19,9 @@ ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent  # the venv's bin: torchrun, mpiexec, horovodrun, deepspeed
 sys.path.append(str(ROOT))  # after site-packages: `import horovod` stays the library
 from tools.launch import EXAMPLES, launch_command
-from warm import WarmCommand, run_warm, warm  # noqa: F401  (warm: the tests import it from here)
 from utils import data
 from utils.dist import free_port  # noqa: F401  (the tests import it from here)
+from warm import WarmCommand, run_warm, warm  # noqa: F401  (warm: the tests import it from here)
 
 # The examples' scripts, relative to the repository root, from the one table of them (tools/examples.tsv).
 DDP = EXAMPLES["ddp"]
@@ -174,16 +174,17 @@ def error_lines(stderr):
 def assert_each_rank_refused(result, words, nproc, launcher):
     """Bad input on `nproc` ranks: a non-zero exit, and every `error:` line names `words`. How many
     ranks get to print depends on the launcher (`launcher`: its name or its command function).
-    mpiexec lets every rank finish: one line per rank. torchrun, horovodrun and the deepspeed
-    launcher stop the other workers the moment one exits, so a slower rank (still importing its
-    framework) may not reach its check: torchrun's report names it (exitcode -15, or 143 with our
-    `stopped` line); the other two only say that they killed it, so there at least one line."""
+    mpiexec lets every rank finish, and so do warm ranks (tests/warm.py): one line per rank.
+    torchrun, horovodrun and the deepspeed launcher stop the other workers the moment one exits, so
+    a slower rank (still importing its framework) may not reach its check: torchrun's report names
+    it (exitcode -15, or 143 with our `stopped` line); the other two only say that they killed it,
+    so there at least one line."""
     launcher = getattr(launcher, "__name__", launcher)
     output = result.stdout + result.stderr
     errors = error_lines(output)
     assert result.returncode != 0, output[-3000:]
     assert errors and all(words in e for e in errors) and len(errors) <= nproc, output[-3000:]
-    if launcher in ("mpiexec", "python"):  # (python: one process)
+    if launcher in ("mpiexec", "python", "warm"):  # (python: one process; warm: every rank runs to its end)
         assert len(errors) == nproc, output[-3000:]
     elif launcher == "torchrun":  # a rank that printed its line may still be reported as stopped
         stopped = len(re.findall(r"exitcode\s*:\s*(?:-15|143)\b", output))

@@ -1,5 +1,6 @@
-"""transformer/: the chapter's GPT on bytes of real text (Python's standard library sources), under its
-real launchers: N ranks train as one process on the combined batch, the loss falls, bad input is one line."""
+"""transformer/: the chapter's GPT on bytes of real text (Python's standard library sources), its ranks
+started warm (tests/README.md; under mpiexec: its tokens/s report, and tests/test_lift_out.py's copies): N ranks
+train as one process on the combined batch, the loss falls, bad input is one line on every rank."""
 import json
 import math
 import shutil
@@ -20,6 +21,7 @@ from support import (
     run,
     summary,
     torchrun,
+    warm,
 )
 
 SCRIPT, SMALL = GPT_DDP, GPT_SMALL
@@ -31,7 +33,7 @@ def test_two_ranks_equal_one_process_on_the_combined_batch(shared_run, tmp_path)
     tests/test_lift_out.py, whose copy of the lesson must end the same.)"""
     two_dir, _ = shared_run(SCRIPT, "torchrun", GPT_QUICK)
     same = GPT_QUICK[:-2]  # (all but --batch-size 4)
-    check(run(python(SCRIPT, *same, "--batch-size", "8", "--log-dir", tmp_path / "one"), timeout=240))
+    check(run(warm(1, SCRIPT, *same, "--batch-size", "8", "--log-dir", tmp_path / "one"), timeout=240))
     two = torch.load(two_dir / "model.pt", weights_only=True)
     one = torch.load(tmp_path / "one" / "model.pt", weights_only=True)
     for name in one:
@@ -43,7 +45,7 @@ def test_two_ranks_equal_one_process_on_the_combined_batch(shared_run, tmp_path)
         assert math.isclose(a["test_loss"], b["test_loss"], rel_tol=1e-5), (a, b)
     checksums = summary(two_dir)["param_checksums"]
     assert len(checksums) == 2 and checksums[0] == checksums[1], checksums  # the ranks agree
-    check(run(python(SCRIPT, *same, "--batch-size", "4", "--log-dir", tmp_path / "half"), timeout=240))
+    check(run(warm(1, SCRIPT, *same, "--batch-size", "4", "--log-dir", tmp_path / "half"), timeout=240))
     half = torch.load(tmp_path / "half" / "model.pt", weights_only=True)
     assert max((half[n] - one[n]).abs().max().item() for n in one) > 1e-3  # (not vacuous)
 
@@ -70,7 +72,7 @@ def test_under_mpiexec_it_reports_tokens_per_second_and_mfu(tmp_path):
     (["--context", "0"], "argument --context: must be a positive integer, got 0"),
 ])
 def test_bad_flags_are_one_line_and_exit_2(flags, words):
-    result = run(python(SCRIPT, *flags), timeout=120)
+    result = run(warm(1, SCRIPT, *flags), timeout=120)
     assert result.returncode == 2, result.stderr
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith("ddp.py: error: ") and words in line, line
@@ -80,13 +82,13 @@ def test_a_checkpoint_of_another_model_shape_is_one_line_naming_the_flag(shared_
     """ddp.py --resume from the shared 2-rank run's checkpoint (context 32) with --context 64: every rank says
     which flag does not fit the checkpoint, before any step (fsdp.py's: the DCP test below)."""
     saved = shared_run(SCRIPT, "torchrun", GPT_QUICK)[0] / "checkpoints"
-    result = run(mpiexec(2, SCRIPT, *SMALL, "--context", "64", "--epochs", "3", "--resume", "--checkpoint-dir", saved,
+    result = run(warm(2, SCRIPT, *SMALL, "--context", "64", "--epochs", "3", "--resume", "--checkpoint-dir", saved,
                          "--log-dir", tmp_path / "run"), timeout=120)
-    assert_each_rank_refused(result, f"--context 64: {saved / 'checkpoint.pt'} is of context 32", 2, "mpiexec")
+    assert_each_rank_refused(result, f"--context 64: {saved / 'checkpoint.pt'} is of context 32", 2, "warm")
 
 
 def test_a_data_folder_without_the_text_is_one_line(tmp_path):
-    result = run(python(SCRIPT, *SMALL, "--data-dir", tmp_path), timeout=120)
+    result = run(warm(1, SCRIPT, *SMALL, "--data-dir", tmp_path), timeout=120)
     assert result.returncode != 0
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith("error: ") and f"no input.txt in {tmp_path}" in line and "--download" in line
@@ -99,7 +101,7 @@ def test_a_text_shorter_than_its_windows_is_one_line_naming_the_length(lesson, t
     are read (one process told it is rank 0 of 2: the parse path every rank takes), not torch's `random_ expects
     'from' to be less than 'to'` from the first draw of a window."""
     (tmp_path / "input.txt").write_bytes(b"0123456789")
-    result = run(python(f"transformer/{lesson}.py", *SMALL, "--data-dir", tmp_path), timeout=120,
+    result = run(warm(1, f"transformer/{lesson}.py", *SMALL, "--data-dir", tmp_path), timeout=120,
                  env={"RANK": "0", "WORLD_SIZE": "2"})
     assert result.returncode == 2, result.stderr
     (line,) = result.stderr.strip().splitlines()
@@ -109,11 +111,11 @@ def test_a_text_shorter_than_its_windows_is_one_line_naming_the_length(lesson, t
 def test_a_short_text_is_refused_on_every_rank_and_a_long_enough_one_trains(tmp_path):
     """The same under mpiexec, every rank; then the shortest text the line names trains (one epoch)."""
     (tmp_path / "input.txt").write_bytes(b"x" * 650)
-    result = run(mpiexec(2, SCRIPT, *SMALL, "--data-dir", tmp_path, "--log-dir", tmp_path / "run"), timeout=120)
+    result = run(warm(2, SCRIPT, *SMALL, "--data-dir", tmp_path, "--log-dir", tmp_path / "run"), timeout=120)
     assert_each_rank_refused(result, "input.txt has 650 bytes: --context 32 on 2 rank(s) needs at least 651", 2,
                              "mpiexec")
     (tmp_path / "input.txt").write_bytes(bytes(range(256)) * 2 + b"y" * 139)  # 651 bytes
-    check(run(mpiexec(2, SCRIPT, *SMALL, "--data-dir", tmp_path, "--epochs", "1", "--max-steps", "2",
+    check(run(warm(2, SCRIPT, *SMALL, "--data-dir", tmp_path, "--epochs", "1", "--max-steps", "2",
                       "--log-dir", tmp_path / "run"), timeout=180))
     (m,) = metrics(tmp_path / "run")
     assert m["test_loss"] > 0
@@ -122,7 +124,7 @@ def test_a_short_text_is_refused_on_every_rank_and_a_long_enough_one_trains(tmp_
 def test_one_process_learns_the_text_to_the_readme_threshold(tmp_path):
     """The README's run: the default model, 200 steps of 16 x 128 bytes, seeded: the test loss falls from
     ln 256 = 5.55 to under 2.6 nats per byte (2.499 on the README's machine)."""
-    check(run(python(SCRIPT, "--log-dir", tmp_path), timeout=900))
+    check(run(warm(1, SCRIPT, "--log-dir", tmp_path), timeout=900))
     (m,) = metrics(tmp_path)
     assert m["test_loss"] < 2.6, m
     assert json.loads((tmp_path / "config.json").read_text())["max_steps"] == 200
@@ -139,7 +141,7 @@ def one_process(tmp_path_factory):
     """The uninterrupted 1-process run of 2 epochs on the global batch (8 sequences) that the sharded runs
     below end as."""
     log_dir = tmp_path_factory.mktemp("gpt") / "one"
-    check(run(python(SCRIPT, *SHARDED, "--batch-size", "8", "--log-dir", log_dir), timeout=240))
+    check(run(warm(1, SCRIPT, *SHARDED, "--batch-size", "8", "--log-dir", log_dir), timeout=240))
     return log_dir
 
 
@@ -162,7 +164,7 @@ def test_fsdp2_and_hsdp_train_as_one_process_and_hold_a_share_of_the_bytes(one_p
     flags = SHARDED
     runs = {"fsdp": (2, ["--batch-size", "4"], 2), "hsdp": (4, ["--batch-size", "2", "--replicate", "2"], 2)}
     for name, (ranks, extra, shards) in runs.items():
-        check(run(torchrun(ranks, FSDP, *flags, *extra, "--log-dir", tmp_path / name), timeout=300))
+        check(run(warm(ranks, FSDP, *flags, *extra, "--log-dir", tmp_path / name), timeout=300))
         assert_same_training(tmp_path / name, one_process, name)
         s = summary(tmp_path / name)
         assert (s["world_size"], s["shards"]) == (ranks, shards)
@@ -177,8 +179,8 @@ def test_bf16_computes_in_bf16_and_stays_near_fp32(tmp_path):
     """--bf16: the weights are cast to bf16 for forward and backward (the losses move), the gradients reduced
     and the weights kept in fp32 (they stay near the fp32 run's)."""
     flags = [*GPT_SMALL, "--epochs", "1", "--max-steps", "4", "--batch-size", "4"]
-    check(run(torchrun(2, FSDP, *flags, "--log-dir", tmp_path / "fp32"), timeout=240))
-    check(run(torchrun(2, FSDP, *flags, "--bf16", "--log-dir", tmp_path / "bf16"), timeout=240))
+    check(run(warm(2, FSDP, *flags, "--log-dir", tmp_path / "fp32"), timeout=240))
+    check(run(warm(2, FSDP, *flags, "--bf16", "--log-dir", tmp_path / "bf16"), timeout=240))
     (fp32,), (bf16,) = metrics(tmp_path / "fp32"), metrics(tmp_path / "bf16")
     assert fp32["train_loss"] != bf16["train_loss"] and abs(fp32["train_loss"] - bf16["train_loss"]) < 0.05
     assert summary(tmp_path / "bf16")["held_bytes_per_rank"] == summary(tmp_path / "fp32")["held_bytes_per_rank"]
@@ -190,12 +192,12 @@ def test_a_checkpoint_of_4_ranks_continues_on_2_and_on_1_as_if_never_stopped(one
     new shards cover, AdamW's moments included: epoch 2 ends as the uninterrupted run's, losses and weights.
     A checkpoint of another model shape is one line naming the flag, on every rank, before any step."""
     four = tmp_path / "four"
-    check(run(torchrun(4, FSDP, *SHARDED[:-1], "--epochs", "1", "--batch-size", "2", "--log-dir", four),
+    check(run(warm(4, FSDP, *SHARDED[:-1], "--epochs", "1", "--batch-size", "2", "--log-dir", four),
               timeout=300))
     saved = four / "checkpoints"
     assert (saved / "latest").read_text() == "epoch1"
     assert len(list((saved / "epoch1").glob("*.distcp"))) == 4 and (saved / "epoch1" / ".metadata").is_file()
-    for ranks, launch in ((2, lambda *a: torchrun(2, FSDP, *a)), (1, lambda *a: python(FSDP, *a))):
+    for ranks, launch in ((2, lambda *a: warm(2, FSDP, *a)), (1, lambda *a: warm(1, FSDP, *a))):
         log_dir = tmp_path / f"at{ranks}"
         shutil.copytree(four, log_dir)
         result = check(run(launch(*SHARDED, "--batch-size", str(8 // ranks), "--resume", "--log-dir", log_dir),
@@ -208,8 +210,8 @@ def test_a_checkpoint_of_4_ranks_continues_on_2_and_on_1_as_if_never_stopped(one
         assert sorted(p.name for p in (log_dir / "checkpoints").iterdir() if p.is_dir()) == ["epoch2"]
         assert len(list((log_dir / "checkpoints" / "epoch2").glob("*.distcp"))) == ranks
     wider = [*GPT_SMALL, "--width", "32", "--epochs", "2", "--resume", "--checkpoint-dir", saved]
-    result = run(mpiexec(2, FSDP, *wider, "--log-dir", tmp_path / "wider"), timeout=120)
-    assert_each_rank_refused(result, f"--width 32: {saved / 'epoch1'} is of width 64", 2, "mpiexec")
+    result = run(warm(2, FSDP, *wider, "--log-dir", tmp_path / "wider"), timeout=120)
+    assert_each_rank_refused(result, f"--width 32: {saved / 'epoch1'} is of width 64", 2, "warm")
     assert not (tmp_path / "wider").exists()
 
 
@@ -217,7 +219,7 @@ def test_a_checkpoint_of_4_ranks_continues_on_2_and_on_1_as_if_never_stopped(one
     (["--replicate", "3"], "--replicate 3 does not divide the 2 rank(s) into copies"),
 ])
 def test_fsdp_refuses_what_it_cannot_do_in_one_line_on_every_rank(flags, words):
-    assert_each_rank_refused(run(mpiexec(2, FSDP, *GPT_SMALL, *flags), timeout=120), words, 2, "mpiexec")
+    assert_each_rank_refused(run(warm(2, FSDP, *GPT_SMALL, *flags), timeout=120), words, 2, "warm")
 
 
 # --- memory against time: the same training, another cost ---------------------------------------------------
@@ -225,12 +227,12 @@ def test_activation_checkpointing_recomputes_the_same_training(one_process, tmp_
     """--activation-checkpointing keeps each block's input only and computes the block again in backward: the
     same arithmetic, so one process ends with the weights of the run without it, bit for bit; under FSDP2 (2
     ranks, a block's weights gathered again for the recompute), as that run to fp32's reduction order."""
-    result = check(run(python(SCRIPT, *SHARDED, "--batch-size", "8", "--activation-checkpointing", "--log-dir",
+    result = check(run(warm(1, SCRIPT, *SHARDED, "--batch-size", "8", "--activation-checkpointing", "--log-dir",
                               tmp_path / "one"), timeout=240))
     assert "recompute=True" in result.stdout
     one, recomputed = (torch.load(d / "model.pt", weights_only=True) for d in (one_process, tmp_path / "one"))
     assert all(torch.equal(recomputed[key], one[key]) for key in one)
-    check(run(torchrun(2, FSDP, *SHARDED, "--batch-size", "4", "--activation-checkpointing", "--log-dir",
+    check(run(warm(2, FSDP, *SHARDED, "--batch-size", "4", "--activation-checkpointing", "--log-dir",
                        tmp_path / "fsdp"), timeout=240))
     assert_same_training(tmp_path / "fsdp", one_process, "fsdp2 + activation checkpointing")
 
@@ -238,7 +240,7 @@ def test_activation_checkpointing_recomputes_the_same_training(one_process, tmp_
 def test_bf16_autocast_stays_within_the_readmes_tolerance_of_fp32(one_process, tmp_path):
     """ddp.py --bf16 (torch.autocast): the matmuls run in bf16, so the losses move, each epoch's within 0.05
     nats of fp32's (transformer/README.md); the weights stay fp32."""
-    check(run(python(SCRIPT, *SHARDED, "--batch-size", "8", "--bf16", "--log-dir", tmp_path), timeout=240))
+    check(run(warm(1, SCRIPT, *SHARDED, "--batch-size", "8", "--bf16", "--log-dir", tmp_path), timeout=240))
     for a, b in zip(metrics(tmp_path), metrics(one_process), strict=True):
         assert a["train_loss"] != b["train_loss"] and abs(a["train_loss"] - b["train_loss"]) < 0.05, (a, b)
         assert abs(a["test_loss"] - b["test_loss"]) < 0.05, (a, b)

@@ -1,6 +1,8 @@
 """transformer/tp.py, cp.py, ep.py, pp.py: the chapter's GPT split four more ways (tensor and sequence, context,
-experts, pipeline stages), under the real launchers on real text. Each ends as one process on the same model,
-data and batch: the same losses every epoch, and the same weights (the lessons' --save-model gathers them)."""
+experts, pipeline stages), on real text, the ranks started warm (tests/README.md) but for the launchers' own
+tests (ring attention and a refusal under mpiexec, a refusal's report under torchrun). Each ends as one process on
+the same model, data and batch: the same losses every epoch, and the same weights (the lessons' --save-model
+gathers them)."""
 import itertools
 import math
 
@@ -19,11 +21,11 @@ from support import (
     error_lines,
     metrics,
     mpiexec,
-    python,
     run,
     run_rows,
     summary,
     torchrun,
+    warm,
 )
 
 CP, EP = EXAMPLES["transformer-cp"], EXAMPLES["transformer-ep"]
@@ -55,7 +57,7 @@ def assert_same_training(log_dir, one_dir, name):
 def one_process(tmp_path_factory):
     """ddp.py's one process on the whole batch of 8 sequences: the model every split below must end as."""
     log_dir = tmp_path_factory.mktemp("split") / "one"
-    check(run(python(GPT_DDP, *RUN, "--batch-size", "8", "--log-dir", log_dir), timeout=240))
+    check(run(warm(1, GPT_DDP, *RUN, "--batch-size", "8", "--log-dir", log_dir), timeout=240))
     return log_dir
 
 
@@ -63,7 +65,7 @@ def test_tensor_and_sequence_parallel_trains_as_one_process_sending_what_it_coun
     """2 tp ranks take the same 8 sequences, each computing half the heads and MLP columns and holding half
     the tokens between them; the collectives DTensor issued in a step are exactly the lesson's count (per
     block 4 all-gathers and 4 reduce-scatters of activations, 4 all-reduces of the norms' gradients)."""
-    check(run(torchrun(2, TP, *RUN, "--batch-size", "8", "--log-dir", tmp_path), timeout=300))
+    check(run(warm(2, TP, *RUN, "--batch-size", "8", "--log-dir", tmp_path), timeout=300))
     assert_same_training(tmp_path, one_process, "tp")
     s = summary(tmp_path)
     assert s["wire_per_step"] == s["wire_counted"], (s["wire_per_step"], s["wire_counted"])
@@ -76,7 +78,7 @@ def test_tensor_and_sequence_parallel_trains_as_one_process_sending_what_it_coun
 
 def test_two_dimensional_fsdp2_by_tensor_parallel_trains_as_one_process(one_process, tmp_path):
     """4 ranks (oversubscribed on 2 cores) = 2 FSDP2 shards x 2 tensor-parallel ranks, 4 sequences each copy."""
-    check(run(torchrun(4, TP, *RUN, "--dp", "2", "--batch-size", "4", "--log-dir", tmp_path), timeout=400))
+    check(run(warm(4, TP, *RUN, "--dp", "2", "--batch-size", "4", "--log-dir", tmp_path), timeout=400))
     assert_same_training(tmp_path, one_process, "dp 2 x tp 2")
     s = summary(tmp_path)
     assert (s["dp"], s["tp"]) == (2, 2)
@@ -99,15 +101,15 @@ def test_expert_parallel_equals_the_same_mixture_in_one_process(tmp_path):
     """4 experts, 2 on each rank, top-2 routing, tokens exchanged with all_to_all: the same training as
     ep.py's one process on the combined batch, the same tokens per expert and the same dropped ones. With a
     capacity large enough for every token, none is dropped."""
-    check(run(python(EP, *RUN, "--batch-size", "8", "--log-dir", tmp_path / "one"), timeout=240))
-    result = check(run(torchrun(2, EP, *RUN, "--batch-size", "4", "--log-dir", tmp_path / "two"), timeout=300))
+    check(run(warm(1, EP, *RUN, "--batch-size", "8", "--log-dir", tmp_path / "one"), timeout=240))
+    result = check(run(warm(2, EP, *RUN, "--batch-size", "4", "--log-dir", tmp_path / "two"), timeout=300))
     assert_same_training(tmp_path / "two", tmp_path / "one", "ep")
     one, two = summary(tmp_path / "one"), summary(tmp_path / "two")
     assert one["expert_tokens"] == two["expert_tokens"] and one["expert_dropped"] == two["expert_dropped"]
     assert sum(one["expert_tokens"]) == 4 * 2 * 2 * 3 * 8 * 32  # blocks x top-2 x epochs x steps x tokens
     assert 0 < sum(two["expert_dropped"]) < sum(two["expert_tokens"]) and "dropped over capacity" in result.stdout
     assert two["wire_per_step"]["_c10d_functional.all_to_all_single"]["calls"] == 4 * 4  # 2 forward, 2 back a block
-    check(run(python(EP, *RUN, "--batch-size", "8", "--capacity-factor", "2", "--log-dir", tmp_path / "all"),
+    check(run(warm(1, EP, *RUN, "--batch-size", "8", "--capacity-factor", "2", "--log-dir", tmp_path / "all"),
               timeout=240))
     assert sum(summary(tmp_path / "all")["expert_dropped"]) == 0
 
@@ -116,7 +118,7 @@ def test_expert_parallel_equals_the_same_mixture_in_one_process(tmp_path):
 def test_each_pipeline_schedule_trains_as_one_process(one_process, tmp_path, schedule):
     """2 ranks, 4 micro-batches of 2: 2 stages (interleaved: 4, two a rank). The tied embedding's two copies,
     on the first and the last stage, stay one weight; the measured idle share is a share of a step."""
-    check(run(torchrun(2, PP, *RUN, "--batch-size", "8", "--schedule", schedule, "--log-dir", tmp_path),
+    check(run(warm(2, PP, *RUN, "--batch-size", "8", "--schedule", schedule, "--log-dir", tmp_path),
               timeout=300))
     assert_same_training(tmp_path, one_process, schedule)
     s = summary(tmp_path)
@@ -195,7 +197,7 @@ def test_what_a_split_lesson_does_not_do_is_one_line_and_exit_2(tmp_path, script
 def test_each_split_that_does_not_fit_is_refused_when_the_flags_are_read(script, flags, words):
     """The checks run on the flags and the world size the launcher set, before any process group (the test
     above shows every rank saying it): one process told it is rank 0 of 2 refuses the same way."""
-    result = run(python(script, *flags), timeout=120, env={"RANK": "0", "WORLD_SIZE": "2"})
+    result = run(warm(1, script, *flags), timeout=120, env={"RANK": "0", "WORLD_SIZE": "2"})
     assert result.returncode == 2, result.stderr
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith(f"{script.split('/')[-1]}: error: ") and words in line, line

@@ -9,8 +9,9 @@ exit code, signals, stdout, stderr and files) that runs the lesson file as `__ma
 environment (tools/launch.py `torchrun_worker_env`) and its argv. The lesson cannot tell, except that torch was
 already imported. Why a server of our own and not multiprocessing's forkserver: a forkserver child is a
 multiprocessing worker (its stdio, signals and exit code are the pool's, and it returns to the pool); ours must be
-`python lesson.py` in every way a test can see. It forks with no thread in the server but OpenBLAS's (checked before each
-fork; OpenBLAS stops its pool around a fork): no process group, no OpenMP pool. Which tests start warm, and which keep their launcher: tests/README.md.
+`python lesson.py` in every way a test can see. It forks with no thread in the server but OpenBLAS's (checked
+before each fork; OpenBLAS stops its pool around a fork): no process group, no OpenMP pool. Which tests start
+warm, and which keep their launcher: tests/README.md.
 
     run(warm(2, "DDP/main.py", "--epochs", "1"))     # as run(torchrun(2, ...)): a CompletedProcess
 """
@@ -94,8 +95,8 @@ def _status(conn):
 def run_warm(cmd, timeout, env, cwd):
     """Run a WarmCommand as support.run runs a command: (returncode, stdout, stderr, timed out). The return code
     is the first failing rank's (in rank order), as the rank itself ended; 0 if all ended with 0."""
-    from utils.dist import free_port
     from tools.launch import torchrun_worker_env
+    from utils.dist import free_port
     port = free_port()
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
@@ -159,8 +160,8 @@ def _preload():
     import numpy  # noqa: F401
     openblas = _threads()
     import torch
-    import torch.distributed  # noqa: F401
-    import torch.nn.functional  # noqa: F401
+    import torch.distributed
+    import torch.nn.functional
     model = torch.nn.Linear(4, 4)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     model(torch.ones(2, 4)).sum().backward()
