@@ -21,6 +21,7 @@ from support import (
     run,
     summary,
     torchrun,
+    warm,
 )
 
 SCRIPT = DS
@@ -62,9 +63,9 @@ def test_resume_from_a_deepspeed_checkpoint_matches_an_uninterrupted_run(tmp_pat
     of Adam's state), ends where the 2-epoch QUICK run under torchrun ended."""
     straight, _ = quick_run("torchrun")
     quick = [*QUICK, "--zero-stage", LAUNCHES["torchrun"][1]]
-    check(run(torchrun(2, SCRIPT, *quick, "--epochs", "1", "--log-dir", tmp_path), timeout=240))
+    check(run(warm(2, SCRIPT, *quick, "--epochs", "1", "--log-dir", tmp_path), timeout=240))
     assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "epoch1"
-    check(run(torchrun(2, SCRIPT, *quick, "--resume", "--log-dir", tmp_path), timeout=240))
+    check(run(warm(2, SCRIPT, *quick, "--resume", "--log-dir", tmp_path), timeout=240))
     assert summary(tmp_path)["param_checksums"] == summary(straight)["param_checksums"]
     straight, split = metrics(straight), metrics(tmp_path)
     assert [m["epoch"] for m in split] == [1, 2]

@@ -33,7 +33,7 @@ from support import (
     run,
     run_rows,
     summary,
-    torchrun,
+    warm,
     weights_digest,
     without_timing,
 )
@@ -185,7 +185,7 @@ def same_training(one_node, two_nodes):
 
 def test_ddp_on_two_simulated_nodes_numbers_ranks_globally_and_equals_one_node(tmp_path):
     flags = [*SHORT, "--log-all-ranks"]
-    check(run(torchrun(4, DDP, *flags, "--log-dir", tmp_path / "one"), timeout=240))
+    check(run(warm(4, DDP, *flags, "--log-dir", tmp_path / "one"), timeout=240))  # (the nodes: torchrun)
     nodes = run_together(launch.simulated_nodes(DDP, 2, 2, "torchrun", [*flags, "--log-dir", tmp_path / "two"]),
                          timeout=240)
     assert [code for code, _, _ in nodes] == [0, 0], [err[-2000:] for _, _, err in nodes]

@@ -1,6 +1,7 @@
 """A loss that turns NaN or infinite stops the run in one line (the rank, the step, the checkpoint on disk) before
 the epoch's checkpoint is written: a good checkpoint is never replaced by a worse one (utils/watch.py).
 --lr 1e30 makes every lesson's loss overflow within a few steps (Adam's too), through the real training code."""
+import functools
 import re
 import shutil
 
@@ -20,7 +21,7 @@ from support import (
     metrics,
     python,
     run,
-    torchrun,
+    warm,
 )
 
 EXPLODES = ["--lr", "1e30"]
@@ -33,7 +34,7 @@ def test_a_resumed_run_whose_loss_turns_nan_keeps_the_good_checkpoint_on_every_r
     shutil.copytree(good, tmp_path / "run")
     before = {p.relative_to(tmp_path / "run"): p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()
               and "events" not in p.name and p.name != "config.json"}  # (the resumed run's flags: its own)
-    result = run(torchrun(2, DDP, *QUICK, "--epochs", "3", *EXPLODES, "--resume", "--log-dir", tmp_path / "run"),
+    result = run(warm(2, DDP, *QUICK, "--epochs", "3", *EXPLODES, "--resume", "--log-dir", tmp_path / "run"),
                  timeout=180)
     assert result.returncode != 0
     errors = error_lines(result.stderr)
@@ -48,9 +49,9 @@ def test_a_resumed_run_whose_loss_turns_nan_keeps_the_good_checkpoint_on_every_r
 
 @pytest.mark.parametrize("script", [HVD_TORCH, HVD_TF, HVD_KERAS, DS, TP, PP])
 def test_every_lesson_stops_at_a_non_finite_loss_before_any_checkpoint(tmp_path, script):
-    result = run(python(script, "--epochs", "2", "--max-steps", "8", "--num-threads", "1",
-                        *EXPLODES_BY_SCRIPT.get(script, EXPLODES),
-                        "--log-dir", tmp_path / "run"), timeout=180)
+    start = python if script in (HVD_TF, HVD_KERAS) else functools.partial(warm, 1)  # (TensorFlow: cold)
+    result = run(start(script, "--epochs", "2", "--max-steps", "8", "--num-threads", "1",
+                       *EXPLODES_BY_SCRIPT.get(script, EXPLODES), "--log-dir", tmp_path / "run"), timeout=180)
     errors = error_lines(result.stderr)
     assert result.returncode == 1 and len(errors) == 1, result.stderr[-3000:]
     assert re.search(r"rank 0 stopped: the (training|test) loss is (nan|inf)", errors[0]), errors[0]

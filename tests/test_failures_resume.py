@@ -23,12 +23,12 @@ from support import (
     error_lines,
     launch_command,
     metrics,
-    python,
     quick,
     remove_the_half_written_file,
     run,
     summary,
     torchrun,
+    warm,
     weights_digest,
     without_timing,
 )
@@ -140,11 +140,11 @@ def test_every_torch_lesson_keeps_a_restarted_attempts_keys_apart(script):
 
 def test_resume_auto_without_a_checkpoint_says_so_and_plain_resume_refuses_leaving_nothing(tmp_path, tiny):
     flags = ["--epochs", "1", "--max-steps", "1", "--data-dir", tiny, "--num-threads", "1"]
-    auto = check(run(python(DDP, *flags, "--resume", "auto", "--log-dir", tmp_path / "auto"), timeout=120))
+    auto = check(run(warm(1, DDP, *flags, "--resume", "auto", "--log-dir", tmp_path / "auto"), timeout=120))
     assert [m["epoch"] for m in metrics(tmp_path / "auto")] == [1]
     said = [line for line in auto.stdout.splitlines() if "no checkpoint in" in line]  # not silently
     assert said == [f"--resume auto: no checkpoint in {tmp_path / 'auto' / 'checkpoints'}: starting at epoch 1"]
-    result = run(python(DDP, *flags, "--resume", "--log-dir", tmp_path / "plain" / "run"), timeout=120)
+    result = run(warm(1, DDP, *flags, "--resume", "--log-dir", tmp_path / "plain" / "run"), timeout=120)
     assert result.returncode == 2 and len(error_lines(result.stderr)) == 1
     assert "--resume: no checkpoint at" in result.stderr
     assert not (tmp_path / "plain").exists()  # the folder it had created is gone again
@@ -175,10 +175,10 @@ def test_a_resume_remembers_the_saved_runs_flags_and_says_which(tmp_path, tiny):
     """What the interrupt line says (`--resume auto --log-dir DIR`) continues the run as it was started: --epochs 3
     (not the default 2), its --lr and --max-steps, from its config.json; a flag given anew wins and is named."""
     flags = ["--epochs", "3", "--max-steps", "3", "--lr", "0.02", "--num-threads", "1", "--data-dir", tiny]
-    stopped = run(python(DDP, *flags, "--log-dir", tmp_path), timeout=120, env={"COURSE_FAIL_AT": "0:2:1"})
+    stopped = run(warm(1, DDP, *flags, "--log-dir", tmp_path), timeout=120, env={"COURSE_FAIL_AT": "0:2:1"})
     assert stopped.returncode == 3 and [m["epoch"] for m in metrics(tmp_path)] == [1], stopped.stderr[-3000:]
-    resumed = check(run(python(DDP, "--resume", "auto", "--log-dir", tmp_path, "--data-dir", tiny,
-                               "--log-interval", "1"), timeout=120))
+    resumed = check(run(warm(1, DDP, "--resume", "auto", "--log-dir", tmp_path, "--data-dir", tiny,
+                             "--log-interval", "1"), timeout=120))
     said = [line for line in resumed.stdout.splitlines() if line.startswith("--resume: the saved run's flags")]
     assert said == [f"--resume: the saved run's flags ({tmp_path / 'config.json'}), kept: --epochs 3 --lr 0.02 "
                     "--max-steps 3; given anew: --log-interval 1 (was 10)"], resumed.stdout
@@ -193,7 +193,7 @@ def test_a_resume_refuses_another_zero_stage_naming_both(tmp_path, shared_run):
     from support import QUICK
     written, _ = shared_run(DS, "torchrun", [*QUICK, "--zero-stage", "3"])  # tests/test_deepspeed.py's run
     shutil.copytree(written, tmp_path / "run")
-    result = run(python(DS, "--zero-stage", "2", "--resume", "--log-dir", tmp_path / "run"), timeout=120)
+    result = run(warm(1, DS, "--zero-stage", "2", "--resume", "--log-dir", tmp_path / "run"), timeout=120)
     assert result.returncode == 2 and error_lines(result.stderr) == [
         f"error: --zero-stage 2: the checkpoint in {tmp_path / 'run'} was written with --zero-stage 3, which a "
         "resume cannot change"], result.stderr[-3000:]

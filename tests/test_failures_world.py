@@ -26,10 +26,10 @@ from support import (
     error_lines,
     horovodrun,
     metrics,
-    python,
     run,
     summary,
     torchrun,
+    warm,
     without_timing,
 )
 
@@ -39,7 +39,7 @@ FLAGS = ["--batch-size", "16", "--num-threads", "1", "--seed", "7", "--log-inter
 @pytest.fixture(
     scope="module",
     params=[
-        pytest.param((DDP, torchrun), id="ddp-torchrun"),
+        pytest.param((DDP, warm), id="ddp"),  # (ranks started warm: tests/README.md)
         pytest.param((HVD_TORCH, horovodrun), id="hvd-torch-horovodrun"),
     ],
 )
@@ -90,8 +90,8 @@ def zero_at_2(request, tmp_path_factory, tiny):
     is the same code in DeepSpeed) or 3: each rank's checkpoint files hold its own slice of the Adam
     state (stage 3: of the parameters too)."""
     log_dir = tmp_path_factory.mktemp(f"zero{request.param}")
-    check(run(torchrun(2, DS, *FLAGS, "--zero-stage", request.param, "--epochs", "1", "--data-dir",
-                         tiny, "--log-dir", log_dir), timeout=300))
+    check(run(warm(2, DS, *FLAGS, "--zero-stage", request.param, "--epochs", "1", "--data-dir",
+                   tiny, "--log-dir", log_dir), timeout=300))
     return request.param, log_dir
 
 
@@ -105,7 +105,7 @@ def test_a_zero_checkpoint_continues_at_another_world_size_after_the_conversion_
     def resume(ranks, log_dir, *extra):
         flags = [*FLAGS, "--zero-stage", stage, "--epochs", "2", "--resume", "--data-dir", tiny,
                  "--log-dir", log_dir, *extra]
-        return run(torchrun(ranks, DS, *flags) if ranks > 1 else python(DS, *flags), timeout=300)
+        return run(warm(ranks, DS, *flags), timeout=300)
 
     refused_dir = tmp_path / "refused"
     shutil.copytree(written, refused_dir)
@@ -153,8 +153,7 @@ def test_an_fsdp2_checkpoint_of_2_ranks_loads_whole_at_1_and_4_ranks(tmp_path):
     def fsdp(ranks, folder, *extra):
         flags = ["--hidden", "128", "--steps", "2", "--checkpoint-dir", folder, "--json",
                  folder / "result.json", *extra]
-        return check(run(torchrun(ranks, FSDP, *flags) if ranks > 1 else python(FSDP, *flags),
-                           timeout=300))
+        return check(run(warm(ranks, FSDP, *flags), timeout=300))
 
     fsdp(2, tmp_path / "at2")
     saved = json.loads((tmp_path / "at2" / "result.json").read_text())
@@ -174,8 +173,8 @@ def test_an_fsdp2_checkpoint_of_2_ranks_loads_whole_at_1_and_4_ranks(tmp_path):
     raw = bytearray(shard.read_bytes())
     raw[len(raw) // 2:len(raw) // 2 + 4096] = bytes(4096)
     shard.write_bytes(bytes(raw))
-    refused = run(python(FSDP, "--hidden", "128", "--steps", "2", "--checkpoint-dir", tmp_path / "damaged", "--resume"),
-                  timeout=120)
+    refused = run(warm(1, FSDP, "--hidden", "128", "--steps", "2", "--checkpoint-dir", tmp_path / "damaged",
+                       "--resume"), timeout=120)
     assert refused.returncode == 2 and error_lines(refused.stderr) == [
         f"error: checkpoint file {shard} is damaged: its bytes are not the ones written (SHA-256 in "
         f"{shard.parent / 'SHA256SUMS'}): resume from an intact copy, or start again without --resume"], refused.stderr
