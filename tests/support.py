@@ -21,7 +21,7 @@ sys.path.append(str(ROOT))  # after site-packages: `import horovod` stays the li
 from tools.launch import EXAMPLES, launch_command
 from utils import data
 from utils.dist import free_port  # noqa: F401  (the tests import it from here)
-from warm import WarmCommand, run_warm, warm  # noqa: F401  (warm: the tests import it from here)
+from warm import WarmCommand, run_warm, warm
 
 # The examples' scripts, relative to the repository root, from the one table of them (tools/examples.tsv).
 DDP = EXAMPLES["ddp"]
@@ -402,24 +402,6 @@ def remove_the_half_written_file(folder, pattern):
 
 # Many command lines of one lesson in one process (runpy), each's exit code and stderr: a table of bad
 # flags costs one interpreter start, not one per row.
-_ROWS_DRIVER = """
-import contextlib, io, json, runpy, sys
-script, rows = sys.argv[1], json.loads(sys.argv[2])
-results = []
-for row in rows:
-    sys.argv = [script] + row
-    err = io.StringIO()
-    code = "finished"
-    with contextlib.redirect_stderr(err):
-        try:
-            runpy.run_path(script, run_name="__main__")
-        except SystemExit as exc:
-            code = exc.code
-    results.append({"code": code, "stderr": err.getvalue()})
-print("RESULTS " + json.dumps(results))
-"""
-
-
 # What torchrun sets for rank 0 of 2 on one node: rows whose refusal depends on the world size (checked when the
 # flags are parsed, before any rendezvous) run as that rank. One real 2-rank launch per lesson shows every rank
 # refusing (tests/test_transformer_split.py, tests/test_zero.py).
@@ -428,8 +410,7 @@ RANK_0_OF_2 = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_S
 
 def run_rows(script, rows, timeout=240, env=None):
     """[{"code": exit code, "stderr": text}] for `script` run with each row of flags, in one process."""
-    result = run([sys.executable, "-c", _ROWS_DRIVER, str(ROOT / script), json.dumps(rows)], timeout=timeout,
-                 env=env)
+    result = run(warm(1, ROOT / "tests" / "rows.py", ROOT / script, json.dumps(rows)), timeout=timeout, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     line = next(line for line in result.stdout.splitlines() if line.startswith("RESULTS "))
     return json.loads(line[len("RESULTS "):])

@@ -17,6 +17,7 @@ from support import (
     run,
     run_rows,
     torchrun,
+    warm,
 )
 
 sys.path.append(str(ROOT))  # after site-packages (see tests/test_shadowing.py)
@@ -92,7 +93,7 @@ def test_the_report_prints_a_row_and_a_loss_line_per_variant(report):
 def test_the_lesson_runs_in_one_process_without_a_launcher(tmp_path):
     """No launcher: a process group of one, which DeepSpeed's ZeRO-3 engine needs too; every byte stays here."""
     out = tmp_path / "one.json"
-    result = check(run(python(LESSON, "--variant", "ds3", *SMALL, "--steps", "2", "--json", out), timeout=300))
+    result = check(run(warm(1, LESSON, "--variant", "ds3", *SMALL, "--steps", "2", "--json", out), timeout=300))
     assert "on 1 rank(s) via python" in result.stdout and "step 2  loss" in result.stdout, result.stdout
     r = json.loads(out.read_text())
     assert r["ranks"] == 1 and [pr["rank"] for pr in r["per_rank"]] == [0] and len(r["losses"]) == 2
