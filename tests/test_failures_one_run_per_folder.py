@@ -26,7 +26,7 @@ from support import (
     mpiexec,
     python,
     run,
-    torchrun,
+    warm,
 )
 
 SHORT = ["--epochs", "1", "--max-steps", "2", "--num-threads", "1"]
@@ -53,14 +53,14 @@ def wait_for(proc, out_path, pattern, seconds=120):
 
 
 def test_a_second_run_on_a_running_runs_folder_is_refused_on_every_rank(tmp_path):
-    """A real 2-rank run under mpiexec, mid-training; the same command under torchrun on its folder."""
+    """A real 2-rank run under mpiexec, mid-training; the same command on its folder, its ranks started warm."""
     first = start(mpiexec(2, DDP, "--epochs", "50", "--num-threads", "1", "--log-dir", tmp_path / "run"),
                   tmp_path / "first.txt")
     try:
         wait_for(first, tmp_path / "first.txt", r"epoch 1 step \d+/")
         before = {k: v for k, v in files_of(tmp_path / "run").items() if k.name in ("config.json", ".lock")}
-        second = run(torchrun(2, DDP, *SHORT, "--lr", "0.5", "--log-dir", tmp_path / "run"), timeout=120)
-        assert_each_rank_refused(second, REFUSED, 2, "torchrun")
+        second = run(warm(2, DDP, *SHORT, "--lr", "0.5", "--log-dir", tmp_path / "run"), timeout=120)
+        assert_each_rank_refused(second, REFUSED, 2, "warm")
         holder = re.search(r"\(pid (\d+) on \S+ since [\d-]+ [\d:]+: (.*)\): wait for it", second.stderr)
         assert holder and "DDP/main.py --epochs 50" in holder.group(2), second.stderr[-2000:]
         assert_log_dir_sound(tmp_path / "run", before)  # its config.json stays the first run's
