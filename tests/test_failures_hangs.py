@@ -91,6 +91,16 @@ def stacks(proc):
     return out.stdout
 
 
+def shows(report, expect):
+    """Whether the stacks report has every rank where `expect` says the planted bug leaves it."""
+    lines = {rank: next((line for line in report.splitlines() if line.startswith(f"rank {rank} ")), "")
+             for rank in (0, 1)}
+    if "any" in expect and expect["any"] not in lines[0] + lines[1]:
+        return False
+    return all(words in lines[rank] for rank, words in expect.items() if rank != "any") and (
+        "=> the ranks are not in the same call" in report)
+
+
 def rank_line(report, rank):
     return next(line for line in report.splitlines() if line.startswith(f"rank {rank} "))
 
@@ -109,9 +119,12 @@ def rank_line(report, rank):
 def test_stacks_of_every_rank_name_where_each_waits(tmp_path, plant, expect):
     proc, _, fired = planted(tmp_path, plant, "--dist-timeout", "100")
     try:
-        time.sleep(3)  # the hang is established
-        report = stacks(proc)
-        took = time.monotonic() - fired
+        while True:  # until the hang is established (each rank where the bug leaves it), within the deadline
+            report = stacks(proc)
+            took = time.monotonic() - fired
+            if shows(report, expect) or took >= DIAGNOSE_DEADLINE_S:
+                break
+            time.sleep(0.5)
     finally:
         end(proc)
     print(f"\n[{plant}] diagnosed {took:.1f} s after the bug fired:\n{report}")
