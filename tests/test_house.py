@@ -134,3 +134,8 @@ def test_every_file_a_note_a_job_script_or_a_tool_names_exists():
 
 def test_the_named_file_rule_catches_a_stale_name():
     assert named_paths("the Keras CNN of utils/tf_utils.py, and ~/my-project/utils/log.py") == {"utils/tf_utils.py"}
+
+
+def test_the_front_page_is_at_most_250_lines():
+    """The front page is course notes' first page: what a lesson needs is in its own README."""
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 250
