@@ -19,9 +19,9 @@ from support import (
     check,
     error_lines,
     mpiexec,
-    python,
     run,
     run_rows,
+    warm,
     write_idx_set,
 )
 
@@ -135,8 +135,8 @@ def torch_checkpoints(folder):
 
 def framework_checkpoint(script, log_dir, tiny):
     """One epoch of one step, to get that framework's own checkpoint files."""
-    check(run(python(script, "--epochs", "1", "--max-steps", "1", "--num-threads", "1", "--data-dir", tiny,
-                       "--log-dir", log_dir), timeout=180))
+    check(run(warm(1, script, "--epochs", "1", "--max-steps", "1", "--num-threads", "1", "--data-dir", tiny,
+                   "--log-dir", log_dir), timeout=180))
     return log_dir
 
 

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from support import DDP, GPT_SPLIT, HVD_TF, PP, QUICK, ROOT, check, event_scalars, metrics, python, run
+from support import DDP, GPT_SPLIT, HVD_TF, PP, QUICK, ROOT, check, event_scalars, metrics, run, warm
 
 EPOCH_TAGS = {
     "epoch/train_loss",
@@ -40,11 +40,7 @@ def test_every_epoch_is_in_the_event_files(shared_run, script, launcher, flags):
 def test_course_tensorboard_0_writes_no_event_files(tmp_path):
     check(
         run(
-            [
-                *python(DDP, "--epochs", "1", "--max-steps", "2"),
-                "--log-dir",
-                tmp_path,
-            ],
+            warm(1, DDP, "--epochs", "1", "--max-steps", "2", "--log-dir", tmp_path),
             env={"COURSE_TENSORBOARD": "0"},
             timeout=240,
         )
