@@ -244,10 +244,11 @@ def _no_rank_0(exc):
 
 def _leave_finished():
     """A finished main(): the exit handlers now (Horovod's shutdown, the TensorBoard file's close,
-    this process's temporary folder, a measuring tool's; mpi4py's MPI_Finalize is no atexit handler:
-    the lesson's ending calls it), then back to the lesson, whose own last lines leave without the interpreter's teardown (torch's holders
-    keep gloo's threads alive past destroy_process_group(), and the teardown can abort a finished
-    rank), exactly as a copy of the lesson does without the plumbing."""
+    this process's temporary folder, a measuring tool's; mpi4py's MPI_Finalize is no atexit
+    handler: the lesson's ending calls it), then back to the lesson, whose own last lines leave
+    without the interpreter's teardown (torch's holders keep gloo's threads alive past
+    destroy_process_group(), and the teardown can abort a finished rank), exactly as a copy of
+    the lesson does without the plumbing."""
     atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()

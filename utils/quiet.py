@@ -29,6 +29,9 @@ What goes, and why it teaches nothing on the course's machines:
     (about 20 lines a try) when no rank 0 listens: the rank's one line says so, with the address;
   - torch's "No CUDA runtime is found, using CUDA_HOME=..." of every rank, when DeepSpeed loads its
     compiled CPU Adam (`--offload`) on a machine with a CUDA toolkit and no GPU.
+  - DTensor's "While redistributing from (_StridedShard(...), Shard(...)) to (Replicate(), ...),
+    2 sequential all_gather operations will be performed. This is suboptimal ...", once per rank
+    when transformer/tp.py --dp gathers its 2-D sharded weights at its end (transformer/part2.md).
 
 Not a filter, so also under COURSE_VERBOSE: stdout and stderr are made line-buffered, each line one
 write. PYTHONUNBUFFERED=1 (which the Makefile and many job scripts set) makes print() write its text
@@ -65,6 +68,7 @@ WARNINGS = [(r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tenso
 LOG_RECORDS = {
     "DeepSpeed": ("Setting accelerator to CPU.",),
     "torch.utils.cpp_extension": ("No CUDA runtime is found, using CUDA_HOME=",),
+    "torch.distributed.tensor._redistribute": ("While redistributing from (_StridedShard(",),
 }
 
 
