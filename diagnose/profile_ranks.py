@@ -39,17 +39,10 @@ sys.path.append(str(ROOT))
 
 
 def rank_from_env():
-    for name in ("RANK", "HOROVOD_RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK"):
-        if os.environ.get(name, "").isdigit():
-            return int(os.environ[name])
-    return 0
-
-
-def world_size_from_env():
-    for name in ("WORLD_SIZE", "HOROVOD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE"):
-        if os.environ.get(name, "").isdigit():
-            return int(os.environ[name])
-    return 1
+    """(rank, world size), as each launcher the course knows sets them (utils/dist.py discover)."""
+    from utils.dist import discover
+    me = discover()
+    return me.rank, me.world_size
 
 
 class Spans:
@@ -124,7 +117,7 @@ def profile(argv):
     import phases  # the same calls, the same patching, as the phase timer
 
     framework = phases.framework_of(lesson_argv[0])
-    rank = rank_from_env()
+    rank, world_size = rank_from_env()
     out = Path(args.out or f"runs/profile-{time.strftime('%Y%m%d-%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)
 
@@ -159,7 +152,7 @@ def profile(argv):
         prof.stop()
         meta = dict(
             rank=rank,
-            world_size=world_size_from_env(),
+            world_size=world_size,
             framework=framework,
             lesson=lesson_argv,
             batch=spans.batch,

@@ -153,13 +153,18 @@ def test_the_example_and_its_flags_are_found_where_each_launcher_puts_them(monke
     # the deepspeed launcher: `python -u tools/phases.py --local_rank=1 deepspeed/main.py ...`
     assert phases.script_and_argv(["--local_rank=1", DS, *flags]) == (DS, [DS, "--local_rank=1", *flags])
     assert phases.script_and_argv(["--local_rank=1"]) == (None, None)
-    for name in ("RANK", "HOROVOD_RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK"):
-        monkeypatch.delenv(name, raising=False)
+    for name in list(os.environ):
+        if name.startswith(("RANK", "WORLD_SIZE", "HOROVOD_", "PMI_", "PALS_", "OMPI_", "SLURM_", "MPI_")):
+            monkeypatch.delenv(name)
     assert phases.rank_from_env() == 0
-    monkeypatch.setenv("PMI_RANK", "1")  # mpiexec (MPICH)
-    assert phases.rank_from_env() == 1
-    monkeypatch.setenv("HOROVOD_RANK", "3")  # horovodrun
-    assert phases.rank_from_env() == 3
+    for launcher_env, rank in (({"PMI_RANK": "1", "PMI_SIZE": "2"}, 1),  # mpiexec (MPICH)
+                               ({"HOROVOD_RANK": "3", "HOROVOD_SIZE": "4"}, 3),  # horovodrun
+                               ({"PALS_RANKID": "5", "PMI_SIZE": "8"}, 5),  # mpiexec on Aurora and Polaris
+                               ({"SLURM_STEP_ID": "0", "SLURM_PROCID": "6", "SLURM_NTASKS": "8"}, 6)):  # srun
+        with monkeypatch.context() as m:
+            for name, value in launcher_env.items():
+                m.setenv(name, value)
+            assert phases.rank_from_env() == rank, launcher_env
 
 
 @pytest.mark.parametrize("argv", [["--phases", "--only", "horovod-tensorflow"],
