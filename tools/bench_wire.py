@@ -142,7 +142,7 @@ def allreduce_timing(kind, reps):
 
 def shutdown_gloo():
     import torch.distributed as tdist
-    tdist.barrier()  # leave together (see utils/dist.shutdown): avoids a gloo abort at exit
+    tdist.barrier()  # leave together: no rank unregisters the groups while a peer is still in a collective
     tdist.destroy_process_group()
 
 

@@ -17,7 +17,6 @@ Slurm (srun)              SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASK
 The other way round (the command that starts an example under each launcher) is the tools' side:
 tools/launch.py.
 """
-import datetime
 import os
 import socket
 import subprocess
@@ -315,30 +314,6 @@ def group_timeout(timeout):
         c10d.default_pg_nccl_timeout = timeout
 
 
-def all_max(value, env):
-    """The largest of one number over all ranks (e.g. the slowest rank's epoch time)."""
-    import torch
-    import torch.distributed as dist
-    t = torch.tensor([value], dtype=torch.float64, device=env.device)
-    if env.distributed:
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.item()
-
-
-def restart_store(env, timeout=datetime.timedelta(minutes=5)):
-    """None (the default env:// store), except in a worker that torchrun restarted (--max-restarts):
-    there the store still holds the dead workers' addresses from the previous attempt, which a
-    restarted rank would try to connect to ("Connection refused"); a prefix per attempt keeps each
-    attempt's keys apart."""
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    if env.launcher != "torchrun" or attempt == "0":
-        return None
-    import torch.distributed as dist
-    from torch.distributed.rendezvous import rendezvous
-    store, _, _ = next(rendezvous("env://", env.rank, env.world_size, timeout=timeout))
-    return dist.PrefixStore(f"course/attempt_{attempt}", store)
-
-
 def default_extensions_dir():
     """DeepSpeed's JIT-built ops go to a cache outside the checkout (where `make setup` puts
     them), one folder per Python environment: a build records its environment's paths, and a run
@@ -360,40 +335,3 @@ def barrier():
     if _initialized():
         import torch.distributed as tdist
         tdist.barrier()
-
-
-def broadcast_object(obj):
-    """Rank 0's `obj` on every rank."""
-    if not _initialized():
-        return obj
-    import torch.distributed as tdist
-    box = [obj]
-    tdist.broadcast_object_list(box, src=0)
-    return box[0]
-
-
-def gather_object(obj):
-    """[obj of rank 0, obj of rank 1, ...] on every rank."""
-    if not _initialized():
-        return [obj]
-    import torch.distributed as tdist
-    out = [None] * tdist.get_world_size()
-    tdist.all_gather_object(out, obj)
-    return out
-
-
-def shutdown():
-    """Leave together: every rank is past its last collective before any rank unregisters the
-    groups. (The groups' gloo threads live on while the wrapped model holds them; a lesson ends a
-    finished rank without the interpreter's finalization, which would tear them down.)"""
-    if _initialized():
-        import torch.distributed as tdist
-        tdist.barrier()
-        # Groups a library created (DeepSpeed's data-parallel groups) go first, one at a time, while
-        # the default group can still line the ranks up; then the default group, after one more
-        # barrier: torn down all at once, a peer still inside a collective of one of them can abort.
-        world = tdist.group.WORLD
-        for group in [g for g in list(tdist.distributed_c10d._world.pg_map) if g is not world]:
-            tdist.destroy_process_group(group)
-        tdist.barrier()
-        tdist.destroy_process_group()

@@ -1,15 +1,12 @@
-"""PyTorch pieces shared by the DDP, Horovod-PyTorch and DeepSpeed examples (the model, tensors,
-checkpoints)."""
-import hashlib
-import os
+"""PyTorch pieces for the course's tools, diagnose/ and tests (the MNIST CNN as a module, the
+digits as tensors, steps per epoch). The lessons do not import it: each holds its own model and
+loop in plain code."""
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from utils.data import DataError, normalized
-from utils.errors import fail
-from utils.log import atomic_write
 
 
 class Net(nn.Module):
@@ -53,43 +50,3 @@ def steps_per_epoch(loaders, max_steps=None):
                         "(with --grad-accum A, count A ranks for each): "
                         "lower --batch-size or the ranks")
     return min(steps, max_steps) if max_steps else steps
-
-
-def seed_epoch(seed, epoch, rank):
-    """Reseed dropout each epoch, so a resumed run draws the same masks as an uninterrupted one."""
-    torch.manual_seed(seed + 1000 * epoch + rank)
-
-
-def param_checksum(model):
-    """sha256 of every parameter's bytes, in order: equal on two ranks only if their weights are
-    identical."""
-    h = hashlib.sha256()
-    for p in model.parameters():
-        h.update(p.detach().float().cpu().contiguous().numpy().tobytes())
-    return h.hexdigest()[:16]
-
-
-def save_checkpoint(path, state):
-    """torch.save through a temporary file + fsync + rename: a crash mid-write keeps the previous
-    checkpoint."""
-    atomic_write(path, lambda f: torch.save(state, f), mode="wb")
-
-
-def load_checkpoint(path, device):
-    """Load tensors and plain containers only (weights_only=True): a checkpoint can't run code."""
-    if not os.path.exists(path):
-        fail(f"--resume: no checkpoint at {path}")
-    try:
-        return torch.load(path, map_location=device, weights_only=True)
-    except Exception as exc:
-        reason = str(exc).splitlines()[0]
-        fail(f"checkpoint {path} is unreadable (truncated or corrupted?): {reason}")
-
-
-def restore(model, optimizer, state, path):
-    try:
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-    except (KeyError, RuntimeError, ValueError) as exc:
-        fail(f"checkpoint {path} does not fit this model: {' '.join(str(exc).split())[:300]}")
-    return state["epoch"]
