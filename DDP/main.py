@@ -137,7 +137,8 @@ def main(args):
             for x, y in ((mnist.x_train, mnist.y_train), (mnist.x_test, mnist.y_test))]
     # [3] Shard by *global* rank: each rank draws its own 1/world_size of every shuffled epoch (the
     #     same permutation everywhere, seeded). --grad-accum A: a rank plays A ranks.
-    log.grad_accum(A := args.grad_accum, world_size)  # A > 1: says so
+    A = args.grad_accum
+    log.grad_accum(A, world_size)  # A > 1: says so
     steps = data.batches_per_rank(len(sets[0]), world_size * A, args.batch_size, args.max_steps)
     loaders = [DataLoader(sets[0], batch_size=args.batch_size, drop_last=True, sampler=(
         DistributedSampler(sets[0], num_replicas=world_size * A, rank=rank * A + k, seed=args.seed,
@@ -192,7 +193,8 @@ def main(args):
     if args.save_model and rank == 0:
         torch.save(getattr(model, "module", model).state_dict(), Path(log_dir[0]) / "model.pt")
     run.summary({"param_checksums": checksums, "device": device})
-    dist.destroy_process_group() if world_size > 1 else None
+    if world_size > 1:
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -201,7 +201,8 @@ def main(args):
                  tokens_per_s, "flops_per_token": per_token, "matmul_peak": peak,
                  "mfu": mfu, "parameters": weights.numel(), "first_step_s": timing[0],
                  "step_s": timing[1], "peak_memory_bytes": held})
-    dist.destroy_process_group() if world_size > 1 else None
+    if world_size > 1:
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -100,7 +100,8 @@ def mark(tag, saving, folder, rank, kept):
     saving.result()
     if rank == 0:
         log.atomic_write(folder / "latest", lambda f: f.write(tag))
-        shutil.rmtree(folder / kept, ignore_errors=True) if kept else None
+        if kept:
+            shutil.rmtree(folder / kept, ignore_errors=True)
     return tag
 
 

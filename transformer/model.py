@@ -169,10 +169,11 @@ def _attention_backward(grad, q, k, v, *args, out_shape=None, **kwargs):
 
 
 # FlopCounterMode knows the GPU attention kernels, not the CPU one: counted as torch counts those
-CPU_ATTENTION = {op: formula for name, formula in (
-    ("_scaled_dot_product_flash_attention_for_cpu", _attention),
-    ("_scaled_dot_product_flash_attention_for_cpu_backward", _attention_backward))
-    if (op := getattr(torch.ops.aten, name, None)) is not None}
+CPU_ATTENTION = {}
+for _kernel, _formula in (("_scaled_dot_product_flash_attention_for_cpu", _attention),
+                          ("_scaled_dot_product_flash_attention_for_cpu_backward", _attention_backward)):
+    if hasattr(torch.ops.aten, _kernel):
+        CPU_ATTENTION[getattr(torch.ops.aten, _kernel)] = _formula
 
 
 def flops_per_token(model, x, y):

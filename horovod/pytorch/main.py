@@ -127,7 +127,8 @@ def main(args):
             for x, y in ((mnist.x_train, mnist.y_train), (mnist.x_test, mnist.y_test))]
     # [3] Shard by *global* rank (hvd.rank(), not hvd.local_rank(): that repeats on every node):
     #     each rank draws its own 1/size of every shuffled epoch; --grad-accum A: it plays A ranks.
-    log.grad_accum(A := args.grad_accum, size)  # A > 1: says so
+    A = args.grad_accum
+    log.grad_accum(A, size)  # A > 1: says so
     steps = data.batches_per_rank(len(sets[0]), size * A, args.batch_size, args.max_steps)
     loaders = [DataLoader(sets[0], batch_size=args.batch_size, drop_last=True, sampler=(
         DistributedSampler(sets[0], num_replicas=size * A, rank=rank * A + k, seed=args.seed,
