@@ -71,25 +71,28 @@ def _start(argv, env, cwd, stdout, stderr):
     request = json.dumps({"argv": argv, "env": env, "cwd": str(cwd)}).encode()
     with open(os.devnull) as stdin:
         socket.send_fds(conn, [request], [stdin.fileno(), stdout, stderr])
-    reply = b""
-    while not reply.endswith(b"\n"):
-        chunk = conn.recv(64)
-        if not chunk:
-            raise RuntimeError("the warm server closed the connection before the child started")
-        reply += chunk
-    return int(reply.split()[1]), conn
+    return _number(conn, "pid", "before the child started"), conn
 
 
 def _status(conn):
     """The child's exit status as Popen gives it (negative: killed by that signal), once it has ended."""
-    data = b""
-    while not data.endswith(b"\n"):
-        chunk = conn.recv(64)
-        if not chunk:
-            raise RuntimeError("the warm server went away before the child ended")
-        data += chunk
+    code = _number(conn, "exit", "before the child ended")
     conn.close()
-    return int(data.split()[1])
+    return code
+
+
+def _number(conn, word, when):
+    """The number of the server's next line `WORD N`, read a byte at a time: the line after it (a quick
+    child's exit, after its pid) stays in the socket for select() and the next read."""
+    line = b""
+    while not line.endswith(b"\n"):
+        byte = conn.recv(1)
+        if not byte:
+            raise RuntimeError(f"the warm server went away {when}")
+        line += byte
+    said, number = line.split()
+    assert said == word.encode(), line
+    return int(number)
 
 
 def run_warm(cmd, timeout, env, cwd):
