@@ -30,7 +30,7 @@ from pathlib import Path
 # The repo root, after site-packages: `import horovod` is the library.
 sys.path.append(str(Path(__file__).resolve().parents[1]))
 
-from utils import plumbing  # noqa: F401  (course plumbing: importing it filters the noise)
+from course import plumbing  # noqa: F401  (course plumbing: importing it filters the noise)
 
 # isort: split
 
@@ -66,7 +66,7 @@ class Torch:
         import torch
         import torch.distributed as dist
 
-        from utils import dist as course
+        from course import dist as course
 
         self.torch, self.dist = torch, dist
         env = course.export_rendezvous(course.discover())
@@ -198,7 +198,7 @@ def ring_time(nbytes, n, alpha, beta):
 
 
 def ddp_gradient_bytes():
-    from utils.torch_utils import Net
+    from course.torch_utils import Net
 
     return sum(p.numel() for p in Net().parameters()) * 4
 
@@ -213,7 +213,7 @@ def ddp_bucket_bytes(bucket_cap_mb=None):
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel
 
-    from utils.torch_utils import Net
+    from course.torch_utils import Net
 
     model = DistributedDataParallel(Net(), bucket_cap_mb=bucket_cap_mb)
     sizes = []
@@ -389,7 +389,7 @@ def main():
 
 
 if __name__ == "__main__":
-    from utils import failures
+    from course import failures
 
     failures.run_main(main)
     # The run is over: leave without the interpreter's teardown. The groups it measured keep gloo's

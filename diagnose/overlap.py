@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # after site-packages
 
-from utils import plumbing  # noqa: F401  (course plumbing: importing it filters the noise)
+from course import plumbing  # noqa: F401  (course plumbing: importing it filters the noise)
 
 # isort: split
 
@@ -42,10 +42,11 @@ import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from utils import data, failures, log
-from utils import dist as course
-from utils.errors import fail
-from utils.torch_utils import Net, to_tensors
+from course import dist as course
+from course import failures
+from course.errors import fail
+from course.torch_utils import Net, to_tensors
+from utils import data, log
 
 DEFAULT = [
     "none",

@@ -39,8 +39,8 @@ sys.path.append(str(ROOT))
 
 
 def rank_from_env():
-    """(rank, world size), as each launcher the course knows sets them (utils/dist.py discover)."""
-    from utils.dist import discover
+    """(rank, world size), as each launcher the course knows sets them (course/dist.py discover)."""
+    from course.dist import discover
     me = discover()
     return me.rank, me.world_size
 

@@ -174,14 +174,14 @@ def format_table(table):
 
 
 def flops_per_sample(batch):
-    """Forward + backward FLOPs of one sample of the course's CNN (utils.torch_utils.Net), counted
+    """Forward + backward FLOPs of one sample of the course's CNN (course.torch_utils.Net), counted
     by torch.utils.flop_counter at the batch the lesson ran."""
     import torch
     import torch.nn.functional as F
     from torch.utils.flop_counter import FlopCounterMode
 
     sys.path.append(str(Path(__file__).resolve().parents[1]))
-    from utils.torch_utils import Net
+    from course.torch_utils import Net
 
     model = Net()
     x, y = torch.randn(batch, 1, 28, 28), torch.randint(0, 10, (batch,))

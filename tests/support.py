@@ -18,9 +18,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent  # the venv's bin: torchrun, mpiexec, horovodrun, deepspeed
 sys.path.append(str(ROOT))  # after site-packages: `import horovod` stays the library
+from course.dist import free_port  # noqa: F401  (the tests import it from here)
 from tools.launch import EXAMPLES, launch_command
 from utils import data
-from utils.dist import free_port  # noqa: F401  (the tests import it from here)
 from warm import WarmCommand, run_warm, warm
 
 # The examples' scripts, relative to the repository root, from the one table of them (tools/examples.tsv).
@@ -166,7 +166,7 @@ def deepspeed_launcher(nproc, script, *args):
 
 
 def error_lines(stderr):
-    """stderr lines that our scripts print for bad input (one per rank): `error: ...` from utils.errors.fail or
+    """stderr lines that our scripts print for bad input (one per rank): `error: ...` from course.errors.fail or
     `main.py: error: ...` from argparse, possibly behind horovodrun's `[rank]<stderr>:` prefix."""
     return [line for line in stderr.splitlines() if re.search(r"(^|<stderr>:)(\S+\.py: )?error: ", line)]
 
@@ -372,7 +372,7 @@ def signal_rank_1(tmp_path, script, launcher, sig, *extra):
 
 
 def assert_no_traceback_through_the_example(output):
-    """Rank 0 either says so in one line (utils/failures.run_main) or is stopped by the launcher first: never a
+    """Rank 0 either says so in one line (course/failures.run_main) or is stopped by the launcher first: never a
     traceback through the example (the launchers' own reports are theirs)."""
     assert not re.search(r'File "[^"]*(DDP|horovod|deepspeed)/[^"]*main\.py"', output), output[-4000:]
     for line in error_lines(output):

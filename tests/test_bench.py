@@ -85,7 +85,7 @@ def test_rounds_combine_into_medians_and_ranges():
 
 
 def test_the_reported_knobs_are_the_examples_defaults(monkeypatch):
-    from utils.dist import HOROVOD_CPU_KNOBS
+    from course.dist import HOROVOD_CPU_KNOBS
     monkeypatch.delenv("HOROVOD_CYCLE_TIME", raising=False)
     assert bench_report.knob_settings() == HOROVOD_CPU_KNOBS
     assert bench_report.knob_settings()["HOROVOD_CYCLE_TIME"] == HOROVOD_CPU_KNOBS["HOROVOD_CYCLE_TIME"]
@@ -173,7 +173,7 @@ def test_quick_mode_emits_every_field(tmp_path):
                 assert parts["tf_pool"] > 0.1, (r["example"], run_tag, parts)
     assert {r["example"] for r in report["examples"] if "efficiency_mpiexec" in r} == set(bench_runs.MPIEXEC_RUNS)
     # one all-reduce of the gradients' size, timed by every way the examples move gradients
-    from utils.torch_utils import Net
+    from course.torch_utils import Net
     gradient_bytes = 4 * sum(p.numel() for p in Net().parameters())
     assert set(report["allreduce"]) == set(bench_wire.ALLREDUCE_WAYS)
     for way, timing in report["allreduce"].items():

@@ -132,7 +132,7 @@ def test_accumulation_emulates_a_larger_world():
 
 
 def test_too_many_ranks_for_the_data_is_an_error():
-    from utils.torch_utils import steps_per_epoch
+    from course.torch_utils import steps_per_epoch
     with pytest.raises(data.DataError, match="too few"):
         steps_per_epoch(lesson_loaders(10, 4, 0, 4, seed=0, epoch=1))
 

@@ -111,11 +111,11 @@ def test_bad_config_in_one_process_and_under_the_deepspeed_launcher(tmp_path):
 
 def ds_config_read(path, **flags):
     """The config deepspeed/main.py builds (utils/parse_args.deepspeed_config) from the file and the flags it
-    gets from the command line, and the course's check of it at 2 ranks (utils/ds_guard.py)."""
+    gets from the command line, and the course's check of it at 2 ranks (course/ds_guard.py)."""
     import argparse
     import sys
     sys.path.append(str(ROOT))
-    from utils import ds_guard
+    from course import ds_guard
     from utils.parse_args import deepspeed_config
     args = argparse.Namespace(deepspeed_config=path or str(ROOT / "deepspeed" / "ds_config.json"), batch_size=64,
                               grad_accum=1, zero_stage=None, offload=False, lr=1e-3, load_universal=False)
@@ -160,7 +160,7 @@ def test_a_file_that_needs_the_norm_it_skips_is_refused_in_one_line(tmp_path, ca
 def test_lessons_find_the_cpu_adam_op_that_make_setup_built_for_this_environment():
     """ZeRO-Offload's cpu_adam is JIT-built by `make setup`; a lesson finds it in the folder of its own
     Python environment (a build records the environment's paths: another venv's build would be redone)."""
-    probe = ("import os, sys; sys.path.append(os.getcwd()); from utils.dist import default_extensions_dir; "
+    probe = ("import os, sys; sys.path.append(os.getcwd()); from course.dist import default_extensions_dir; "
              "default_extensions_dir(); print(os.environ['TORCH_EXTENSIONS_DIR'])")
     env = {k: v for k, v in os.environ.items() if k != "TORCH_EXTENSIONS_DIR"}  # the lessons' default
     out = subprocess.run([sys.executable, "-c", probe], env=env, cwd=ROOT, capture_output=True, text=True,

@@ -39,8 +39,8 @@ from support import (
 )
 
 sys.path.append(str(ROOT))
+from course import dist as course
 from tools import launch
-from utils import dist as course
 
 SHORT = ["--epochs", "1", "--max-steps", "8", "--num-threads", "1"]
 

@@ -1,4 +1,4 @@
-"""utils/dist.py: rank discovery from each launcher's environment."""
+"""course/dist.py: rank discovery from each launcher's environment."""
 import sys
 
 import pytest
@@ -6,7 +6,7 @@ import pytest
 from support import ROOT
 
 sys.path.append(str(ROOT))
-from utils import dist
+from course import dist
 
 LAUNCHER_VARS = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID", "HOROVOD_RANK",
                  "HOROVOD_LOCAL_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_SIZE", "PALS_RANKID", "PALS_LOCAL_RANKID",

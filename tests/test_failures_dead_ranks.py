@@ -49,7 +49,7 @@ def test_a_hung_rank_ends_the_job_after_the_collective_timeout(tmp_path, script,
     """SIGSTOP rank 1 (alive, silent: a hung node): with --dist-timeout 10 rank 0's collective gives up after
     10 s, rank 0 exits with one line, and the launcher tears the job down (rank 1, resumed once rank 0 is gone,
     takes the launcher's SIGTERM: see signal_rank_1). Horovod's examples turn --dist-timeout into
-    HOROVOD_GLOO_TIMEOUT_SECONDS (utils/dist.horovod_knobs)."""
+    HOROVOD_GLOO_TIMEOUT_SECONDS (course/dist.horovod_knobs)."""
     rc, survivor_s, launcher_s, output = signal_rank_1(tmp_path, script, launcher, signal.SIGSTOP,
                                                        "--dist-timeout", "10")
     print(f"\n[{script} / hung rank 1] rank 0 gone after {survivor_s:.1f} s; "
@@ -61,7 +61,7 @@ def test_a_hung_rank_ends_the_job_after_the_collective_timeout(tmp_path, script,
     # the one line names the waiting rank, the call and line it waited in, how long, epoch and step (not a
     # fixed one: rank 1 is stopped on a timer), what next
     said = (r"error: rank 0 waited 1\d s in \w+ at \S+:\d+ in epoch \d+ after step \d+/\d+ for rank 1 \(silent "
-            r".*diagnose/stacks.py")  # (rank 1 named: utils/beacon.py)
+            r".*diagnose/stacks.py")  # (rank 1 named: course/beacon.py)
     waited = [line for line in error_lines(output) if re.search(said, line)]
     assert len(waited) == 1, output[-4000:]
     if launcher is torchrun:  # torchrun's report names that line as the root cause, from the worker's error file

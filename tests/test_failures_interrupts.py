@@ -144,7 +144,7 @@ def test_a_signal_stops_every_rank_in_one_line_and_the_checkpoint_resumes(
         -3000:
     ]
     # nothing of the ranks' left in the temporary folder (TensorFlow's autograph writes a file per
-    # traced function and removes it only in an exit hook, which a stop skips: utils/plumbing.py)
+    # traced function and removes it only in an exit hook, which a stop skips: course/plumbing.py)
     left = [p.name for p in (tmp_path / "tmp").rglob("*") if "autograph" in p.name or "scaling-dl-tmp" in p.name]
     assert not left, left
     if launcher in (mpiexec,):  # the launcher passes the ranks' exit code on: 128 + the signal
@@ -187,7 +187,7 @@ def test_stopped_before_the_first_epoch_leaves_no_folder(tmp_path):
 RACE = """
 import os, signal, sys
 sys.path.append(sys.argv[1])
-from utils import failures
+from course import failures
 making_the_line = failures._peer_line
 
 
@@ -225,14 +225,14 @@ def test_a_temporary_folder_left_by_a_killed_rank_goes_at_the_next_start(tmp_pat
     starts; a running process's folder is kept."""
     # (a test that imported the plumbing into this process has set it here already: the child must choose it)
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
-    from utils.scratch import TMP_PREFIX
+    from course.scratch import TMP_PREFIX
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
     dead, alive = tmp_path / f"{TMP_PREFIX}{gone.pid}", tmp_path / f"{TMP_PREFIX}{os.getpid()}"
     for folder in (dead, alive):
         folder.mkdir()
         (folder / "__autograph_generated_file1.py").write_text("")
-    code = ("import os, tempfile, utils.plumbing; print(tempfile.gettempdir()); "
+    code = ("import os, tempfile, course.plumbing; print(tempfile.gettempdir()); "
             "print(os.environ['TORCHINDUCTOR_CACHE_DIR'])")
     result = run([sys.executable, "-c", code], env={"TMPDIR": str(tmp_path)}, timeout=60)
     assert result.returncode == 0, result.stderr

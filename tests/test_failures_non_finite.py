@@ -1,5 +1,5 @@
 """A loss that turns NaN or infinite stops the run in one line (the rank, the step, the checkpoint on disk) before
-the epoch's checkpoint is written: a good checkpoint is never replaced by a worse one (utils/watch.py).
+the epoch's checkpoint is written: a good checkpoint is never replaced by a worse one (course/watch.py).
 --lr 1e30 makes every lesson's loss overflow within a few steps (Adam's too), through the real training code."""
 import functools
 import re

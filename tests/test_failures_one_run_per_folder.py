@@ -1,4 +1,4 @@
-"""One run per folder (utils/runfiles.take_log_dir): while a run holds its --log-dir, a second run on it is refused
+"""One run per folder (course/runfiles.take_log_dir): while a run holds its --log-dir, a second run on it is refused
 on every rank in one line that names the holder, and writes nothing there; once the first has ended, the folder is
 free again. The lock dies with its process (a kernel record lock, not a pid file)."""
 import os
@@ -73,7 +73,7 @@ def test_a_second_run_on_a_running_runs_folder_is_refused_on_every_rank(tmp_path
 HOLDER = """
 import sys, time
 sys.path.append(sys.argv[1])
-from utils.runfiles import take_log_dir
+from course.runfiles import take_log_dir
 for rank in (0, 1):
     take_log_dir(sys.argv[2], rank, "a first run of 2 ranks")
 print("held", flush=True)

@@ -154,7 +154,7 @@ def test_parse_changes_no_value_and_the_helpers_decide_whether_to_resume(tmp_pat
     """parse() neither rewrites --resume nor exits; resuming() and finished_already() decide, and the lesson
     reads their answers. The three cases of --resume auto: nothing there, a checkpoint to continue, a run
     that is done."""
-    from utils.checks import finished_already, parse, resuming
+    from course.checks import finished_already, parse, resuming
     from utils.parse_args import get_parser
     log_dir = tmp_path / "run"
     args = parse(get_parser("test"), ["--resume", "auto", "--epochs", "2", "--log-dir", str(log_dir)])

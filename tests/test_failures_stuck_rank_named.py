@@ -1,5 +1,5 @@
 """A stuck rank among 4 is named by the others, whenever it stops: right after joining, mid-epoch, or
-at the evaluation. Each rank keeps its last step in the run's store (utils/beacon.py), so the ranks that
+at the evaluation. Each rank keeps its last step in the run's store (course/beacon.py), so the ranks that
 give up waiting name the one that went silent, its last step, and its pid and host, in their one line:
 under torchrun (the agent holds the store), under mpiexec (rank 0's process holds it) and under horovodrun
 (its rendezvous server).

@@ -167,7 +167,7 @@ def test_an_fsdp2_checkpoint_of_2_ranks_loads_whole_at_1_and_4_ranks(tmp_path):
         assert loaded["loaded_checksum"] == saved["saved_checksum"]
         assert loaded["step"] == 4 and "step 3  loss" in result.stdout
         assert (folder / "latest").read_text() == "step4"
-    # the shards carry their SHA-256 (utils/seal.py): one damaged in place is refused before anything loads
+    # the shards carry their SHA-256 (course/seal.py): one damaged in place is refused before anything loads
     shutil.copytree(tmp_path / "at2", tmp_path / "damaged")
     shard = max((tmp_path / "damaged").rglob("*.distcp"), key=lambda p: p.stat().st_size)
     raw = bytearray(shard.read_bytes())

@@ -15,8 +15,8 @@ sys.path.append(str(ROOT / "tools"))  # the tools import each other by name, as 
 import figures
 import figures_plots
 import figures_runs
+from course.torch_utils import Net
 from utils.parse_args import clip_flag, get_parser
-from utils.torch_utils import Net
 
 IMAGE_EXT = (".png", ".svg", ".jpg", ".jpeg", ".gif")
 

@@ -69,7 +69,7 @@ def test_two_ranks_train_and_stay_identical(request, quick_run, script, launch, 
     history = assert_trained_and_identical(log_dir)
     assert history[0]["launcher"] == launcher
     assert_event_epochs(log_dir)  # TensorBoard's event files: every epoch (Keras' fit included)
-    # the course's CPU knob (utils/dist.HOROVOD_CPU_KNOBS) reached Horovod before hvd.init()
+    # the course's CPU knob (course/dist.HOROVOD_CPU_KNOBS) reached Horovod before hvd.init()
     assert json.loads((log_dir / "config.json").read_text())["horovod_knobs"] == {"HOROVOD_CYCLE_TIME": "5"}
 
 
@@ -118,11 +118,11 @@ def test_adasum_trains_under_mpi_and_is_refused_clearly_under_gloo(tmp_path):
 
 @pytest.mark.parametrize("script", [HVD_TORCH, HVD_TF, HVD_KERAS])
 def test_each_lesson_sets_the_cycle_time_the_bench_reports(script):
-    """Each Horovod lesson writes its CPU knobs itself (CPU_KNOBS); the bench reads utils/dist.py's copy."""
+    """Each Horovod lesson writes its CPU knobs itself (CPU_KNOBS); the bench reads course/dist.py's copy."""
     import ast
 
+    from course.dist import HOROVOD_CPU_KNOBS
     from support import ROOT
-    from utils.dist import HOROVOD_CPU_KNOBS
     tree = ast.parse((ROOT / script).read_text())
     knobs = next(ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
                  and any(getattr(t, "id", None) == "CPU_KNOBS" for t in node.targets))

@@ -1,4 +1,4 @@
-"""Quiet by default (utils/quiet.py): the library lines that teach nothing are gone from the examples' output,
+"""Quiet by default (course/quiet.py): the library lines that teach nothing are gone from the examples' output,
 every other warning stays, COURSE_VERBOSE=1 brings them all back; and the tools write nothing tracked unless
 asked (figures.py's PNGs go to runs/figures/ unless `--out assets`)."""
 import re
@@ -11,8 +11,8 @@ import time
 import pytest
 import torch
 
+from course.dist import free_port
 from support import BIN, DS, HVD_TF, HVD_TORCH, ROOT, check, horovodrun, python, run, torchrun
-from utils.dist import free_port
 
 VERBOSE = {"COURSE_VERBOSE": "1"}
 # A shell without the Makefile's variables, as an attendee's after `source .venv/bin/activate`.
@@ -79,7 +79,7 @@ def test_horovodrun_mpi_keeps_lines_whole(tmp_path):
 UNIT = """
 import logging, os, sys, warnings
 sys.path.append(os.getcwd())
-from utils import plumbing
+from course import plumbing
 import torch, torch.distributed as dist
 dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[1], rank=0, world_size=1)
 x = torch.ones(2)
@@ -136,7 +136,7 @@ def test_doctor_explains_the_cpu_fallback_and_reports_intel_gpus():
 def test_the_stderr_filter_keeps_what_a_dying_process_wrote():
     """TensorFlow's import runs with fd 2 through a filter process: if the importer dies (TensorFlow aborting on a
     CPU it was not built for), its last words still come out."""
-    code = ("import os, sys; sys.path.append(os.getcwd()); from utils.quiet import filtered_stderr\n"
+    code = ("import os, sys; sys.path.append(os.getcwd()); from course.quiet import filtered_stderr\n"
             "with filtered_stderr('^noise'):\n"
             "    os.write(2, b'noise line\\nlast words\\n'); os.abort()")
     result = run([sys.executable, "-c", code], timeout=60)

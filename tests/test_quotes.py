@@ -108,7 +108,7 @@ def test_the_rule_catches_a_stale_quote():
 
 # A stack frame quoted in the notes (py-spy's or a traceback's `path/to/file.py:LINE function`) points at a line
 # inside that function of the repository's file as it is now: a rewrap of the code must move the notes too.
-FRAME = re.compile(r"^\s+((?:DDP|horovod|deepspeed|zero|transformer|utils|tests|diagnose)/[\w/]+\.py):(\d+) "
+FRAME = re.compile(r"^\s+((?:DDP|horovod|deepspeed|zero|transformer|utils|course|tests|diagnose)/[\w/]+\.py):(\d+) "
                    r"(\w+|<module>)\s*$", re.M)
 
 
@@ -140,9 +140,9 @@ def test_a_quoted_stack_frame_is_a_line_of_code_in_its_function(note, path, line
 
 def test_the_frame_rule_catches_a_docstring_line():
     import ast
-    tree = ast.parse((ROOT / "utils/failures.py").read_text())
+    tree = ast.parse((ROOT / "course/failures.py").read_text())
     (run_main,) = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "run_main"]
     docstring_line = run_main.body[0].lineno + 1
     with pytest.raises(AssertionError):
-        test_a_quoted_stack_frame_is_a_line_of_code_in_its_function("x.md", "utils/failures.py", docstring_line,
+        test_a_quoted_stack_frame_is_a_line_of_code_in_its_function("x.md", "course/failures.py", docstring_line,
                                                                       "run_main")

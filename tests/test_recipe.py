@@ -72,7 +72,7 @@ def test_lessons_are_short_and_carry_no_hooks(script):
     # without the interpreter's teardown, which can abort a finished rank.)
     most = 265 if script.startswith("transformer/") else 215
     assert len(text.splitlines()) <= most, f"{script}: {len(text.splitlines())} lines (at most {most})"
-    # COURSE_VERBOSE is the reader's own switch (utils/quiet.py); any other COURSE_ variable is a test's.
+    # COURSE_VERBOSE is the reader's own switch (course/quiet.py); any other COURSE_ variable is a test's.
     for hook in (r"\bfaults\b", "COURSE_(?!VERBOSE)", "PHASES_OUT", "SCALING_DL_", r"\bbench"):
         assert not re.search(hook, text), f"{script} mentions {hook!r}: tests and tools wrap a lesson from outside"
 

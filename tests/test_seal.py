@@ -1,4 +1,4 @@
-"""utils/seal.py: a checkpoint carries the SHA-256 of its files, and a kill at any moment of a save leaves one that
+"""course/seal.py: a checkpoint carries the SHA-256 of its files, and a kill at any moment of a save leaves one that
 verifies (the old checkpoint or the new one, never a mismatch); damage in place does not verify. In one process:
 a "kill" here is an exception raised instead of one of the save's atomic writes (a real kill leaves the same
 files: the previous ones, and a temporary file at most)."""
@@ -6,27 +6,32 @@ import types
 
 import pytest
 
+from course import seal
+from course.errors import UserError
 from support import ROOT  # noqa: F401  (puts the repository on sys.path)
-from utils import log, seal
-from utils.errors import UserError
+from utils import log
+
+REPLACE_FILE = log.replace_file  # the real one, whatever a test patches
 
 
 class Killed(Exception):
     pass
 
 
-def sealing_log(kill_at=None):
-    """A stand-in for utils/log with the real atomic_write, sealed; the kill_at-th write raises instead."""
+def sealing_log(monkeypatch, kill_at=None):
+    """utils/log's atomic_write with seal.seal registered, as plumbing.py registers it; the kill_at-th
+    write of a whole file raises instead of writing it."""
     calls = []
 
-    def atomic_write(path, write_fn, mode="w"):
+    def killable(path, write_fn, mode="w"):
         calls.append(path)
         if len(calls) == kill_at:
             raise Killed(path)
-        return log.atomic_write(path, write_fn, mode)
-    fake = types.SimpleNamespace(atomic_write=atomic_write)
-    seal.install(fake)
-    return fake, calls
+        return REPLACE_FILE(path, write_fn, mode)
+    monkeypatch.setattr(seal, "replace_file", killable)  # the sealer's own writes
+    monkeypatch.setattr(log, "replace_file", killable)  # atomic_write's, when no sealer writes
+    monkeypatch.setattr(log, "_SEALERS", [seal.seal])
+    return types.SimpleNamespace(atomic_write=log.atomic_write), calls
 
 
 def save_torch_style(fake, folder, version):  # DDP's [8]: checkpoint.pt replaced in place
@@ -49,15 +54,15 @@ def version_on_disk(folder, style):
 
 
 @pytest.mark.parametrize("style", [save_torch_style, save_folder_style], ids=["checkpoint.pt", "latest"])
-def test_a_kill_at_any_write_of_a_save_leaves_a_checkpoint_that_verifies(tmp_path, style):
-    fake, calls = sealing_log()
+def test_a_kill_at_any_write_of_a_save_leaves_a_checkpoint_that_verifies(tmp_path, style, monkeypatch):
+    fake, calls = sealing_log(monkeypatch)
     for version in (1, 2, 3):
         style(fake, tmp_path / "count", version)
     writes = len(calls)  # every atomic write three saves make: the moments a kill can fall between
     assert writes == (9 if style is save_torch_style else 6), calls
     for kill_at in range(1, writes + 1):
         folder = tmp_path / f"killed-at-{kill_at}"
-        fake, _ = sealing_log(kill_at)
+        fake, _ = sealing_log(monkeypatch, kill_at)
         saved = 0
         try:
             for version in (1, 2, 3):
@@ -75,8 +80,8 @@ def test_a_kill_at_any_write_of_a_save_leaves_a_checkpoint_that_verifies(tmp_pat
 
 
 @pytest.mark.parametrize("style", [save_torch_style, save_folder_style], ids=["checkpoint.pt", "latest"])
-def test_damage_in_place_or_a_missing_file_does_not_verify_and_names_the_file(tmp_path, style):
-    fake, _ = sealing_log()
+def test_damage_in_place_or_a_missing_file_does_not_verify_and_names_the_file(tmp_path, style, monkeypatch):
+    fake, _ = sealing_log(monkeypatch)
     style(fake, tmp_path / "damaged", 1)
     style(fake, tmp_path / "missing", 1)
     target = "checkpoint.pt" if style is save_torch_style else "epoch1/rank1_states.pt"
@@ -90,9 +95,9 @@ def test_damage_in_place_or_a_missing_file_does_not_verify_and_names_the_file(tm
         seal.verify(str(tmp_path / "missing"))
 
 
-def test_the_sums_are_sha256sums_format_and_a_checkpoint_without_them_loads(tmp_path):
+def test_the_sums_are_sha256sums_format_and_a_checkpoint_without_them_loads(tmp_path, monkeypatch):
     import subprocess
-    fake, _ = sealing_log()
+    fake, _ = sealing_log(monkeypatch)
     save_folder_style(fake, tmp_path, 1)
     checked = subprocess.run(["sha256sum", "-c", "SHA256SUMS"], cwd=tmp_path / "epoch1", capture_output=True,
                              text=True)

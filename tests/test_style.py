@@ -61,13 +61,13 @@ def test_the_plumbing_comes_before_the_frameworks(path):
         return found[0]
 
     framework = first(rf"(import|from) ({'|'.join(FRAMEWORKS)})\b")
-    if any(line.startswith("    from utils import plumbing") for line in lines):  # a lesson that lifts out
+    if any(line.startswith("    from course import plumbing") for line in lines):  # a lesson that lifts out
         plumbing = first(r"try:  # course plumbing, ")  # the comment says what it is
-        assert lines[plumbing + 1].startswith("    from utils import plumbing  #"), path
+        assert lines[plumbing + 1].startswith("    from course import plumbing  #"), path
         assert lines[plumbing + 2:plumbing + 4] == ["except ImportError:", "    plumbing = None"], path
         assert first(r"sys\.path\.append\(") < plumbing < framework, \
             f"{path}: sys.path.append, the optional plumbing import, then the frameworks"
         return
-    plumbing = first(r"from utils import plumbing  # noqa: F401  \(course plumbing: ")  # the comment says what
+    plumbing = first(r"from course import plumbing  # noqa: F401  \(course plumbing: ")  # the comment says what
     assert first(r"sys\.path\.append\(") < plumbing < framework, \
         f"{path}: sys.path.append, the plumbing's import (it filters the noise), then the frameworks"

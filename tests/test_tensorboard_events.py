@@ -52,7 +52,7 @@ def test_writing_events_does_not_load_tensorflow(tmp_path):
     """The writer frames tensorboard's Event protobuf itself: tensorboard's own event writer imports
     TensorFlow where it is installed, which every PyTorch lesson would then pay for."""
     code = (
-        "import sys; sys.path.append(sys.argv[1]); from utils.board import Board; "
+        "import sys; sys.path.append(sys.argv[1]); from course.board import Board; "
         "Board.open(sys.argv[2], True); "
         "Board.step(1, 0.5); Board.close(); print('tensorflow' in sys.modules)"
     )

@@ -80,7 +80,7 @@ def test_two_dimensional_fsdp2_by_tensor_parallel_trains_as_one_process(one_proc
     """4 ranks (oversubscribed on 2 cores) = 2 FSDP2 shards x 2 tensor-parallel ranks, 4 sequences each copy."""
     result = check(run(warm(4, TP, *RUN, "--dp", "2", "--batch-size", "4", "--log-dir", tmp_path), timeout=400))
     assert_same_training(tmp_path, one_process, "dp 2 x tp 2")
-    assert "suboptimal" not in result.stderr  # DTensor's note on the 2-D gather: filtered (utils/quiet.py)
+    assert "suboptimal" not in result.stderr  # DTensor's note on the 2-D gather: filtered (course/quiet.py)
     s = summary(tmp_path)
     assert (s["dp"], s["tp"]) == (2, 2)
     held = s["param_bytes_per_rank"]

@@ -5,7 +5,7 @@ process, no distributed framework (no DDP wrapper, no Horovod, no DeepSpeed engi
     PHASES_OUT=PREFIX python tools/bare_loop.py --epochs 3 --max-steps 40 [--optimizer adam]
     python tools/bare_loop.py --framework tf --epochs 2 --max-steps 40 --log-dir DIR
 
-PyTorch: the CNN of utils/torch_utils.py (Net) on the training digits, batches from a DataLoader over the
+PyTorch: the CNN of course/torch_utils.py (Net) on the training digits, batches from a DataLoader over the
 preloaded tensors with a DistributedSampler of one replica (the examples' data path), SGD with momentum or Adam
 (`--adam-config`: a DeepSpeed config whose optimizer params, betas/eps/weight_decay, it copies). Each step is
 timed by tools/phases.py's timers, the same that time an example's step, and the records go to
@@ -46,7 +46,7 @@ def torch_loop(args):
     from torch.utils.data.distributed import DistributedSampler
 
     import phases
-    from utils.torch_utils import Net
+    from course.torch_utils import Net
     out = os.environ.get("PHASES_OUT")
     if not out:
         sys.exit("usage: PHASES_OUT=PREFIX python tools/bare_loop.py [flags]")

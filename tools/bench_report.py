@@ -54,7 +54,7 @@ def combine(rounds):
 
 def knob_settings():
     """The performance settings in effect for this benchmark (the examples' defaults, or the environment's)."""
-    from utils.dist import HOROVOD_CPU_KNOBS
+    from course.dist import HOROVOD_CPU_KNOBS
     return {k: os.environ.get(k, v) for k, v in HOROVOD_CPU_KNOBS.items()}
 
 

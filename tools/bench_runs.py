@@ -31,7 +31,7 @@ PAIR_EXAMPLE = {"torch": "ddp", "tf": "horovod-tensorflow"}  # the ceiling's 1-r
 # runs these examples at 2 ranks under mpiexec, so the report compares the two launchers on the same example.
 MPIEXEC_RUNS = ("horovod-pytorch", "horovod-tensorflow")
 # Knobs whose library default the examples change on CPU and the environment overrides: Horovod's cycle time
-# (the Horovod lessons' CPU_KNOBS = utils/dist.py's HOROVOD_CPU_KNOBS). Each round also runs the 2-rank example
+# (the Horovod lessons' CPU_KNOBS = course/dist.py's HOROVOD_CPU_KNOBS). Each round also runs the 2-rank example
 # with Horovod's own value, and the report gives the speed-up of the course's choice. (tf.data's one private
 # thread, ONE_THREAD, has
 # no such switch: it is not measured against tf.data's defaults.)

@@ -57,7 +57,7 @@ def breakdown(steps, batch_size):
     from torch.utils.data.distributed import DistributedSampler
 
     from bare_loop import train_arrays
-    from utils.torch_utils import Net
+    from course.torch_utils import Net
     torch.set_num_threads(1)
     tdist.init_process_group("gloo")
     x, y = train_arrays()
@@ -108,7 +108,7 @@ def allreduce_timing(kind, reps):
     import numpy as np
     import torch
 
-    from utils.torch_utils import Net
+    from course.torch_utils import Net
     torch.set_num_threads(1)
     numel = sum(p.numel() for p in Net().parameters())
     if kind == "torch-gloo":
@@ -124,7 +124,7 @@ def allreduce_timing(kind, reps):
     else:
         import horovod.torch as hvd
 
-        from utils.dist import horovod_knobs
+        from course.dist import horovod_knobs
         horovod_knobs(on_cpu=True)
         hvd.init()
         t = torch.ones(numel)

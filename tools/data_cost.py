@@ -23,8 +23,8 @@ from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # the repo root, after site-packages
+from course.torch_utils import Net, to_tensors
 from utils import data
-from utils.torch_utils import Net, to_tensors
 
 
 def per_batch(fn, batches):

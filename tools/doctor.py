@@ -8,8 +8,8 @@ from pathlib import Path
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # the repo root, after site-packages
 # Before the frameworks: a missing one is then one line that says how to get it, and the libraries'
-# lines that teach nothing are filtered (utils/quiet.py names each; COURSE_VERBOSE=1 shows them).
-from utils import plumbing  # noqa: F401  (course plumbing: importing it filters the noise)
+# lines that teach nothing are filtered (course/quiet.py names each; COURSE_VERBOSE=1 shows them).
+from course import plumbing  # noqa: F401  (course plumbing: importing it filters the noise)
 
 # isort: split
 
@@ -63,7 +63,7 @@ def deepspeed_row():
     from deepspeed.accelerator import get_accelerator
     acc = get_accelerator()
     # Without a GPU DeepSpeed warns "Setting accelerator to CPU. If you have GPU or other accelerator, we were
-    # unable to detect it." in every process; utils/quiet.py drops that line, this row says what it means.
+    # unable to detect it." in every process; course/quiet.py drops that line, this row says what it means.
     fallback = " (no GPU seen: DeepSpeed's CPU fallback, right without GPUs)" if acc.device_name() == "cpu" else ""
     return "ok", (f"{deepspeed.__version__}; accelerator {acc.device_name()}{fallback}, comm backend "
                   f"{acc.communication_backend_name()}; JIT ops cached in {os.environ['TORCH_EXTENSIONS_DIR']}")
@@ -139,7 +139,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--data-dir", default=None, help="check this MNIST folder instead of the shipped digits")
     args = parser.parse_args()
-    from utils.dist import default_extensions_dir
+    from course.dist import default_extensions_dir
     default_extensions_dir()
 
     check("Python", python_row)

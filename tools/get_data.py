@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # after site-packages
+from course.errors import UserError
 from utils import data  # the lessons' own loader: what they will read
-from utils.errors import UserError
 
 
 def main():

@@ -1,6 +1,6 @@
 """Starting examples: the one place the course's tools and tests get their launch commands.
 
-The lessons never import this: they only *read* what a launcher set (utils/dist.py, discover()). This module
+The lessons never import this: they only *read* what a launcher set (course/dist.py, discover()). This module
 writes the other side, the command that starts an example on N ranks of this host with one of those launchers.
 """
 import collections
@@ -11,7 +11,7 @@ import threading
 import time
 from pathlib import Path
 
-from utils.dist import LOOPBACK, free_port
+from course.dist import LOOPBACK, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -20,7 +20,7 @@ Each rank writes {"rank", "records": [{"epoch", "step", phase: seconds, ...}, ..
 when the example ends. `python tools/bench.py --phases` runs the examples so at 1 and 2 ranks and compares.
 With $PHASES_TURNS set (by the bench's overhead measurement, tools/bench_overhead.py), the process takes
 turns with another one step by step: see `Turns`. Nothing inside the example is touched, only library classes
-and the course's shared modules (utils.log.Progress, utils.torch_utils.Net; nn.Sequential for DDP's CNN).
+and the course's shared modules (utils.log.Progress, course.torch_utils.Net; nn.Sequential for DDP's CNN).
 """
 import atexit
 import functools
@@ -118,8 +118,8 @@ def patch(timer, framework):
     import torch
     from torch.nn.parallel import DistributedDataParallel
 
+    from course.torch_utils import Net
     from utils import log
-    from utils.torch_utils import Net
 
     original_init = log.Progress.__init__
 
@@ -164,8 +164,8 @@ def framework_of(script):
 
 
 def rank_from_env():
-    """This rank's number, as every launcher the course knows sets it (utils/dist.py discover())."""
-    from utils.dist import discover
+    """This rank's number, as every launcher the course knows sets it (course/dist.py discover())."""
+    from course.dist import discover
     return discover().rank
 
 
@@ -207,7 +207,7 @@ def main():
 
 def run_lesson(script, finish):
     """Run the lesson `script` (sys.argv already its own) in this process, then finish(exit_code) once. finish is
-    also an exit handler: a lesson that finishes runs the exit handlers (utils/failures.run_main), then leaves
+    also an exit handler: a lesson that finishes runs the exit handlers (course/failures.run_main), then leaves
     through its own last lines (os._exit), never returning here. The lesson's own non-zero exit is passed on."""
     done = []
 

@@ -137,7 +137,7 @@ fi
 
 # --- 4. DeepSpeed JIT op cache ------------------------------------------------------------------------
 step 4/4 "DeepSpeed JIT op cache"
-# utils/dist.py sets the same default when TORCH_EXTENSIONS_DIR is unset, so plain `python` runs share it:
+# course/dist.py sets the same default when TORCH_EXTENSIONS_DIR is unset, so plain `python` runs share it:
 # one folder per Python environment (a build records the environment's paths; another venv would rebuild it).
 ENV_ID=$("$PY" -c 'import hashlib, sys; print(hashlib.sha1(sys.prefix.encode()).hexdigest()[:8])')
 EXT_DIR="${TORCH_EXTENSIONS_DIR:-$CACHE/torch_extensions/$ENV_ID}"

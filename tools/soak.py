@@ -27,9 +27,9 @@ import time
 from pathlib import Path
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # the repo root, after site-packages
+from course.dist import free_port
 from tools.launch import EXAMPLES, LAUNCHERS, ROOT, kernel_port, launch_command, port_pressure
 from tools.lift import lift
-from utils.dist import free_port
 
 # Lines that mark a crash even when the exit code is 0 (a rank's teardown can abort after its summary).
 CRASH_MARKS = ("cannot listen on MASTER_PORT", "terminate called", "Traceback (most recent call last)",

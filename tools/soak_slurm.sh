@@ -33,7 +33,7 @@ MPI=()
 [[ "$EXAMPLE" == horovod* ]] && MPI=(SLURM_MPI_TYPE=pmi2)
 
 # The course's port picker (below the kernel's ephemeral range, where srun's own listening ports come from).
-port() { "$PY" -c 'import sys; sys.path.append(sys.argv[1]); from utils.dist import free_port; print(free_port())' "$ROOT"; }
+port() { "$PY" -c 'import sys; sys.path.append(sys.argv[1]); from course.dist import free_port; print(free_port())' "$ROOT"; }
 
 declare -A COUNT=()
 for ((i = 1; i <= RUNS; i++)); do

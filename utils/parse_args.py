@@ -1,5 +1,5 @@
 """One argument parser for every lesson: the same flag means the same thing in every script. A bad
-value is one line (`main.py: error: ...`), exit 2 on every rank (more checks: utils/checks.py)."""
+value is one line (`main.py: error: ...`), exit 2 on every rank (more checks: course/checks.py)."""
 import argparse
 import json
 import math

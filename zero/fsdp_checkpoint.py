@@ -19,8 +19,8 @@ from itertools import islice
 from pathlib import Path
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # the repo root *after* site-packages
-try:  # course plumbing, no step of the recipe (utils/plumbing.py): the libraries' noise filtered,
-    from utils import plumbing  # flags checked, every ending one line. A copy runs without it.
+try:  # course plumbing, no step of the recipe (course/plumbing.py): the libraries' noise filtered,
+    from course import plumbing  # flags checked, every ending one line. A copy runs without it.
 except ImportError:
     plumbing = None
 

@@ -22,10 +22,10 @@ import time
 from pathlib import Path
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # the repo root, after site-packages
+from course.checks import check_paths
+from course.errors import fail
+from course.failures import run_main
 from tools.launch import launch_command
-from utils.checks import check_paths
-from utils.errors import fail
-from utils.failures import run_main
 from zero.census import KINDS, NAMES, mb
 from zero.flags import model_flags, problems
 from zero.main import VARIANTS

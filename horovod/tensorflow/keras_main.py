@@ -18,8 +18,8 @@ from pathlib import Path
 
 os.environ["TF_USE_LEGACY_KERAS"] = "1"  # must precede the first TensorFlow import
 sys.path.append(str(Path(__file__).resolve().parents[2]))  # the repo root *after* site-packages
-try:  # course plumbing, no step of the recipe (utils/plumbing.py): the libraries' noise filtered,
-    from utils import plumbing  # flags checked, every ending one line. A copy runs without it.
+try:  # course plumbing, no step of the recipe (course/plumbing.py): the libraries' noise filtered,
+    from course import plumbing  # flags checked, every ending one line. A copy runs without it.
 except ImportError:
     plumbing = None
 

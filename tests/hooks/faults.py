@@ -2,17 +2,17 @@
 
 The failure tests (tests/test_failures_*.py) run an example with tests/hooks on PYTHONPATH and one of the
 variables below set; Python then imports tests/hooks/sitecustomize.py at start-up (in every rank, under any
-launcher: they all pass the environment on), which wraps two functions of utils/ before the example
-imports it:
-`Progress.update` (called once per training step on every rank) and `atomic_write` (every file the course
-writes). The failure then happens at a chosen moment, through the real code paths:
+launcher: they all pass the environment on), which wraps two functions of utils/log.py before the
+example imports it: `Progress.update` (called once per training step on every rank) and `replace_file`
+(what `atomic_write` writes every file of the course with). The failure then happens at a chosen moment,
+through the real code paths:
 
 COURSE_FAIL_AT=<rank>:<epoch>:<step>[:kill]
     That rank stops when it reaches training step <step> (1-based) of epoch <epoch>: exit code 3, or SIGKILL of
     itself with ``:kill`` (no cleanup at all, like a node that died). It fires on a first attempt only: not in a
     worker that torchrun restarted (TORCHELASTIC_RESTART_COUNT > 0), so an elastic job recovers.
 COURSE_DIE_IN_WRITE=<file name>:<n>
-    The n-th atomic write (utils.log.atomic_write) of a file of that name in this process stops half-way:
+    The n-th atomic write (utils.log.replace_file) of a file of that name in this process stops half-way:
     half of the bytes in the temporary file, then SIGKILL, before the rename. The previous file must survive.
 COURSE_DIE_ON_FILE=<glob>
     For writers that are not ours (TensorFlow's CheckpointManager): a thread watches for a path matching the
@@ -66,7 +66,7 @@ def at_step(rank, epoch, step):
 
 
 def in_write(path, f, tmp):
-    """Called (through the wrapper of utils.log.atomic_write) after the data reached the temporary file `tmp`,
+    """Called (through the wrapper of utils.log.replace_file) after the data reached the temporary file `tmp`,
     before the fsync and the rename."""
     spec = os.environ.get("COURSE_DIE_IN_WRITE")
     if not spec:
@@ -162,8 +162,9 @@ def _watch(pattern):
 
 
 def install():
-    """Wrap utils/log.py's Progress.update and atomic_write (imported here first, so every
-    later `from utils.log import atomic_write` gets the wrapper), and start the file watcher if asked."""
+    """Wrap utils/log.py's Progress.update and replace_file, which atomic_write writes with (imported
+    here first, so every later `from utils.log import replace_file` gets the wrapper: the course's
+    sealed writes too), and start the file watcher if asked."""
     from utils import log
 
     update = log.Progress.update
@@ -174,15 +175,15 @@ def install():
         planted_at_step(log._RANK, self.epoch, step)
     log.Progress.update = update_and_maybe_fail
 
-    atomic_write = log.atomic_write
+    replace_file = log.replace_file  # (what atomic_write, and the course's sealed writes, write with)
 
-    def atomic_write_and_maybe_die(path, write_fn, mode="w"):
+    def replace_file_and_maybe_die(path, write_fn, mode="w"):
         def write_then_check(f):
             write_fn(f)
             f.flush()
             in_write(path, f, os.readlink(f"/proc/self/fd/{f.fileno()}"))  # the temporary file's name
-        return atomic_write(path, write_then_check, mode)
-    log.atomic_write = atomic_write_and_maybe_die
+        return replace_file(path, write_then_check, mode)
+    log.replace_file = replace_file_and_maybe_die
     _install_plants(log)
 
     if os.environ.get("COURSE_DIE_ON_FILE"):

@@ -1,6 +1,6 @@
 """Quiet by default: the library lines that teach nothing are dropped before the frameworks load.
 
-Importing `utils/plumbing.py` (each lesson does, before its frameworks, in an optional `try`)
+Importing `course/plumbing.py` (each lesson does, before its frameworks, in an optional `try`)
 calls `install()`.
 It drops only the lines listed here, each from one library and for one reason; every other warning
 and log line is shown as before.
@@ -24,7 +24,7 @@ What goes, and why it teaches nothing on the course's machines:
   - DeepSpeed's "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable
     to detect it." on a machine without GPUs, once per rank: each lesson's first line already says
     `device cpu`;
-  - while a rank joins its process group (utils/plumbing.py wraps init_process_group): c10d's
+  - while a rank joins its process group (course/plumbing.py wraps init_process_group): c10d's
     lines from C++ for each failed try to reach the store, with the C++ frames of the exception
     (about 20 lines a try) when no rank 0 listens: the rank's one line says so, with the address;
   - torch's "No CUDA runtime is found, using CUDA_HOME=..." of every rank, when DeepSpeed loads its

@@ -3,17 +3,16 @@ import (commented as plumbing) and runs the same without it, as a copy in anothe
 
 - importing it makes a missing or too old framework one line, filters the libraries' noise
   (quiet.py; COURSE_VERBOSE=1 shows it) and gives the process its own temporary folder (scratch.py);
-- run_main(main, parser) checks every flag (utils/checks.py: paths, device, backend, --resume), then
-  calls main(args) and ends every way it can go wrong in one line (utils/failures.py).
+- run_main(main, parser) checks every flag (course/checks.py: paths, device, backend, --resume), then
+  calls main(args) and ends every way it can go wrong in one line (course/failures.py).
 """
-import contextlib
-import functools
 import importlib.abc
 import importlib.metadata
 import re
 import sys
 
-from utils import beacon, log, quiet, scratch, seal, watch
+from course import quiet, scratch, seal, watch, wrap
+from utils import log
 
 FRAMEWORKS = ("torch", "tensorflow", "keras", "tf_keras", "horovod", "deepspeed", "mpi4py", "numpy",
               "mlxtend")
@@ -56,7 +55,7 @@ class _OldFramework(importlib.abc.MetaPathFinder):
         except importlib.metadata.PackageNotFoundError:
             return None  # not installed: the import fails, and _missing_framework_hook says so
         if tuple(int(n) for n in re.findall(r"\d+", found)[:2]) < need:
-            from utils.errors import fail
+            from course.errors import fail
             fail(f"this lesson needs {name} >= {'.'.join(map(str, need))} ({why}); found {found} "
                  f"({sys.executable}): load a newer module, or use the course's environment")
         return None
@@ -72,9 +71,9 @@ def install():
 
 
 def run_main(main, parser):
-    """main(args) with the flags checked, every ending one line (utils/failures.py), and nothing
+    """main(args) with the flags checked, every ending one line (course/failures.py), and nothing
     done for --resume auto on a run that has finished."""
-    from utils import checks, failures
+    from course import checks, failures
 
     def checked_main():
         args = checks.parse(parser)
@@ -88,46 +87,21 @@ def run_main(main, parser):
 
 
 def _before_main(args):
-    """Cores shared by more ranks than they have; with DeepSpeed: --dist-timeout for the groups it
-    makes itself, its JIT ops cached outside the checkout, and deepspeed/main.py's config checked
-    and deepspeed.initialize wrapped (utils/ds_guard.py)."""
-    from utils.dist import discover, warn_shared_cores
+    """Cores shared by more ranks than they have; the framework calls the plumbing watches
+    wrapped (course/wrap.py); with DeepSpeed: its JIT ops cached outside the checkout, and
+    deepspeed/main.py's flags and config checked (course/ds_guard.py)."""
+    from course.dist import discover, warn_shared_cores
     warn_shared_cores(discover().local_world_size)
-    if dist := sys.modules.get("torch.distributed"):
-        c10d = sys.modules["torch.distributed.distributed_c10d"]  # (device meshes call it there)
-        _watch_joining(dist, "init_process_group", lambda: (dist.get_rank(), dist.get_world_size()),
-                       quiet.C10D_CONNECT_NOISE, also=[c10d])
-    for name in ("horovod.torch", "horovod.tensorflow", "horovod.tensorflow.keras"):
-        if hvd := sys.modules.get(name):
-            _watch_joining(hvd, "init", lambda hvd=hvd: (hvd.rank(), hvd.size()))
+    deepspeed_config = None
     if "deepspeed" in sys.modules:
-        from utils import ds_guard
-        ds_guard.install(args)
-
-
-def _watch_joining(module, name, rank_and_size, noise=None, also=()):
-    """module.<name> (torch.distributed.init_process_group, hvd.init), wherever it is called from
-    (a lesson, DeepSpeed, a device mesh): the stderr lines matching `noise` dropped while it runs,
-    unless COURSE_VERBOSE (c10d's C++ frame dumps while a rank finds no rank 0: utils/failures.py
-    says so in one line), and once joined the rank's position kept in the store (utils/beacon.py).
-    `also`: other modules that hold the same function under the same name."""
-    join = getattr(module, name)
-    if getattr(join, "watched", False):
-        return
-
-    @functools.wraps(join)
-    def watched(*args, **kwargs):
-        quiet_now = noise and not quiet.verbose()
-        with quiet.filtered_stderr(noise) if quiet_now else contextlib.nullcontext():
-            result = join(*args, **kwargs)
-        beacon.start(*rank_and_size())
-        return result
-    watched.watched = True
-    for owner in (module, *also):
-        setattr(owner, name, watched)
+        from course import ds_guard
+        from course.dist import default_extensions_dir
+        default_extensions_dir()
+        deepspeed_config = ds_guard.check_flags(args)
+    wrap.attach(args, deepspeed_config)
 
 
 install()
 scratch.private_tmp()  # (after install(): the line numbers above are quoted in diagnose/hangs.md)
-watch.install(log)  # TensorBoard's event files and the failure reports, around log's classes
-seal.install(log)  # every checkpoint with the SHA-256 of its files, checked on --resume
+log.listen(watch.Watch())  # TensorBoard's event files and the failure reports hear each step
+log.seal_with(seal.seal)  # every checkpoint with the SHA-256 of its files, checked on --resume

@@ -4,7 +4,7 @@ in a collective can name the ranks that never came, and the last step each repor
 Each rank keeps a key in the run's own store: torch.distributed's TCPStore at
 MASTER_ADDR:MASTER_PORT (torchrun's agent holds it, else rank 0's process), or, for the Horovod
 lessons, `horovodrun --gloo`'s rendezvous server. The key holds its last training step
-(utils/watch.POSITION), its host and pid, and the time. A thread of its own writes it when the step
+(course/watch.POSITION), its host and pid, and the time. A thread of its own writes it when the step
 changes and at least once a second, so the key stays fresh while the rank waits in a collective
 (the wait releases the interpreter) and goes stale when the rank is stopped, hung in a loop that
 holds the interpreter, or dead. The thread has its own connection to the store: it never waits on
@@ -21,7 +21,7 @@ import threading
 import time
 from datetime import timedelta
 
-from utils import watch
+from course import watch
 
 BEAT_S = 1.0  # at least one write a second
 SILENT_S = 5.0  # a key older than this: the rank has stopped answering

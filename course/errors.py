@@ -14,8 +14,8 @@ class UserError(Exception):
 
 
 class NonFiniteLoss(Exception):
-    """A loss that is NaN or infinite, at a step or an epoch's end (utils/watch.py): the run stops
-    there, before it writes a checkpoint, in one line (utils/failures.py), exit code 1."""
+    """A loss that is NaN or infinite, at a step or an epoch's end (course/watch.py): the run stops
+    there, before it writes a checkpoint, in one line (course/failures.py), exit code 1."""
 
     def __init__(self, loss, epoch, step=None, total=None, which="training"):
         super().__init__(f"non-finite {which} loss {loss}")

@@ -5,7 +5,7 @@ fails before its first result.
 import json
 import os
 
-from utils import watch
+from course import watch
 
 # outermost folders this run created: removed again if it fails before writing a result
 _CREATED = []
@@ -43,7 +43,7 @@ def take_log_dir(log_dir, rank, command):
     import socket
     import time
 
-    from utils.errors import UserError
+    from course.errors import UserError
     os.makedirs(log_dir, exist_ok=True)
     fd = os.open(os.path.join(log_dir, LOCK), os.O_RDWR | os.O_CREAT, 0o666)
     try:
@@ -118,7 +118,7 @@ def remove_debris():
     removes)."""
     import shutil
 
-    from utils.dist import discover
+    from course.dist import discover
     if discover().rank != 0:
         return
     chosen = [chosen_log_dir()] if _DEFAULT_DIR and chosen_log_dir() else []

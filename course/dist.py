@@ -23,7 +23,7 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass, replace
 
-from utils.errors import fail
+from course.errors import fail
 
 LOOPBACK = "127.0.0.1"
 
@@ -131,7 +131,7 @@ def pick_device(requested, local_rank):
 
 def device_problem(device):
     """What is wrong with --device `device` here, as one line (cuda or xpu where torch sees none),
-    or None: the one check of the flag, by utils/checks.py's parse() and again by pick_device()."""
+    or None: the one check of the flag, by course/checks.py's parse() and again by pick_device()."""
     import torch
     module = getattr(torch, device, None)
     if device in ("cuda", "xpu") and not (module is not None and module.is_available()):
@@ -301,17 +301,6 @@ def export_rendezvous(env):
                       WORLD_SIZE=str(env.world_size), LOCAL_RANK=str(env.local_rank),
                       LOCAL_WORLD_SIZE=str(env.local_world_size))
     return replace(env, master_addr=addr, master_port=port)
-
-
-def group_timeout(timeout):
-    """Make `timeout` the default of every process group, also those a library creates itself with
-    dist.new_group() and no timeout (DeepSpeed's data-parallel group): torch's default there is 30
-    minutes, so a hung peer would hold the job that long. (torch reads these module defaults when a
-    group is made.)"""
-    import torch.distributed.distributed_c10d as c10d
-    c10d.default_pg_timeout = timeout
-    if hasattr(c10d, "default_pg_nccl_timeout"):
-        c10d.default_pg_nccl_timeout = timeout
 
 
 def default_extensions_dir():

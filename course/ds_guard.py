@@ -1,5 +1,6 @@
-"""Course plumbing for deepspeed/main.py, from outside: plumbing.run_main installs it before the
-lesson runs. A copy of the lesson runs without it, with DeepSpeed's own behaviour.
+"""Course plumbing for deepspeed/main.py, from outside: plumbing.run_main checks the flags with it,
+and course/wrap.py's deepspeed.initialize checks the config and guards the engine with it. A copy of
+the lesson runs without it, with DeepSpeed's own behaviour.
 
 - deepspeed.initialize checks the config first. DeepSpeed silently ignores a top-level key it does
   not know (a misspelt "train_bach_size" changes nothing) and reports most other mistakes with an
@@ -9,30 +10,25 @@ lesson runs. A copy of the lesson runs without it, with DeepSpeed's own behaviou
   leaves half a file under the real name) and loads with weights_only=False (a file can run code).
   A checkpoint that does not load is one line, which says how to convert it for another world size.
 - The process groups DeepSpeed makes itself get --dist-timeout (torch's default: 30 minutes).
-- Its JIT-built ops (cpu_adam, for --offload) are cached outside the checkout (utils/dist.py).
+- Its JIT-built ops (cpu_adam, for --offload) are cached outside the checkout (course/dist.py).
 """
 import json
-from datetime import timedelta
 from pathlib import Path
 
-import deepspeed
 import torch
 import torch.distributed as dist
 from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
 from deepspeed.runtime.config import DeepSpeedConfig
 
-from utils.errors import fail
+from course.errors import fail
 from utils.log import atomic_write
 
 
-def install(args):
-    """Before the lesson's main(args): the flags and the JSON file checked; deepspeed.initialize
-    wrapped."""
-    from utils.dist import default_extensions_dir, group_timeout
-    group_timeout(timedelta(seconds=args.dist_timeout))  # also the groups DeepSpeed makes itself
-    default_extensions_dir()
+def check_flags(args):
+    """Before the lesson's main(args): its DeepSpeed flags and JSON file checked. Returns the
+    file's path (None for zero/main.py, whose config is in the lesson: nothing is wrapped)."""
     if not hasattr(args, "deepspeed_config"):  # zero/main.py: its config is in the file
-        return
+        return None
     path = args.deepspeed_config
     try:
         with open(path) as f:
@@ -46,24 +42,22 @@ def install(args):
         fail("--offload needs ZeRO stage 1, 2 or 3 (add --zero-stage 2)")
     if args.load_universal and not args.resume:
         fail("--load-universal says what --resume loads: add --resume")
-    initialize = deepspeed.initialize
+    return path
 
-    def checked_initialize(*a, config=None, **k):
-        if isinstance(config, dict):
-            check(config, path)
-        out = initialize(*a, config=config, **k)
-        engine = out[0]
-        engine.checkpoint_engine = SafeCheckpointEngine(engine._config)
-        load = engine.load_checkpoint
 
-        def load_checkpoint(folder, *a, **k):
-            try:
-                return load(folder, *a, **k)
-            except Exception as exc:  # truncated, or of another model / stage / world size
-                fail(not_loaded(folder, exc))
-        engine.load_checkpoint = load_checkpoint
-        return out
-    deepspeed.initialize = checked_initialize
+def guard(engine):
+    """The engine deepspeed.initialize returned, writing its checkpoints atomically and loading them
+    safely: a checkpoint that does not load is one line (course/wrap.py calls this)."""
+    engine.checkpoint_engine = SafeCheckpointEngine(engine._config)
+    load = engine.load_checkpoint
+
+    def load_checkpoint(folder, *a, **k):
+        try:
+            return load(folder, *a, **k)
+        except Exception as exc:  # truncated, or of another model / stage / world size
+            fail(not_loaded(folder, exc))
+    engine.load_checkpoint = load_checkpoint
+    return engine
 
 
 def check(config, path, world_size=None):

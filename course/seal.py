@@ -6,7 +6,7 @@ run that trains on from garbage and overwrites the checkpoint. (TensorFlow's che
 CRC of every tensor and check it themselves.) A checkpoint without the file (a copied lesson's,
 an older one, a universal checkpoint) is loaded as before.
 
-Written around utils/log.py's atomic_write (plumbing.py installs it; a lesson's copy runs without
+Asked first by utils/log.py's atomic_write (plumbing.py registers it; a lesson's copy runs without
 it), in an order that a kill at any moment leaves a checkpoint that verifies:
 - checkpoint.pt (DDP, Horovod PyTorch), replaced in place: the new digest is added to the old one
   first, the file renamed into place, then the old digest dropped;
@@ -17,7 +17,8 @@ import hashlib
 import io
 import os
 
-from utils.errors import UserError
+from course.errors import UserError
+from utils.log import replace_file
 
 SUMS = "SHA256SUMS"
 SEALED = ("checkpoint.pt", "latest")  # the files whose atomic write commits a checkpoint
@@ -51,37 +52,33 @@ def files_of(folder):
                   if name != SUMS and not name.startswith(".tmp-"))
 
 
-def install(log):
-    """log.atomic_write, as the lessons call it, also seals the checkpoints. Once per process."""
-    write = log.atomic_write
-    if getattr(write, "sealing", False):
-        return
+def write_sums(folder, entries):
+    replace_file(os.path.join(folder, SUMS),
+                 lambda f: f.writelines(f"{value}  {name}\n" for value, name in entries))
 
-    def write_sums(folder, entries):
-        write(os.path.join(folder, SUMS),
-              lambda f: f.writelines(f"{value}  {name}\n" for value, name in entries))
 
-    def atomic_write(path, write_fn, mode="w"):
-        name = os.path.basename(path)
-        if name not in SEALED:
-            return write(path, write_fn, mode)
-        buffer = io.BytesIO() if "b" in mode else io.StringIO()
-        write_fn(buffer)  # the content first, to know its digest before it is in place
-        content = buffer.getvalue()
-        folder = os.path.dirname(os.path.abspath(path))
-        if name == "latest":  # the folder it will name is complete: list its files first
-            saved = os.path.join(folder, content.strip())
-            write_sums(saved, [(digest(os.path.join(saved, f)), f) for f in files_of(saved)])
-            return write(path, lambda f: f.write(content), mode)
-        data = content if isinstance(content, bytes) else content.encode()
-        new = hashlib.sha256(data).hexdigest()
-        old = sorted((read_sums(folder) or {}).get(name, set()) - {new})
-        write_sums(folder, [(new, name)] + [(value, name) for value in old])  # both, meanwhile
-        write(path, lambda f: f.write(content), mode)
-        write_sums(folder, [(new, name)])
-
-    atomic_write.sealing = True
-    log.atomic_write = atomic_write
+def seal(path, write_fn, mode):
+    """Asked first by log.atomic_write (plumbing.py registers it with log.seal_with): writes the
+    files that commit a checkpoint itself, with their digests; True if it did."""
+    name = os.path.basename(path)
+    if name not in SEALED:
+        return False
+    buffer = io.BytesIO() if "b" in mode else io.StringIO()
+    write_fn(buffer)  # the content first, to know its digest before it is in place
+    content = buffer.getvalue()
+    folder = os.path.dirname(os.path.abspath(path))
+    if name == "latest":  # the folder it will name is complete: list its files first
+        saved = os.path.join(folder, content.strip())
+        write_sums(saved, [(digest(os.path.join(saved, f)), f) for f in files_of(saved)])
+        replace_file(path, lambda f: f.write(content), mode)
+        return True
+    data = content if isinstance(content, bytes) else content.encode()
+    new = hashlib.sha256(data).hexdigest()
+    old = sorted((read_sums(folder) or {}).get(name, set()) - {new})
+    write_sums(folder, [(new, name)] + [(value, name) for value in old])  # both, meanwhile
+    replace_file(path, lambda f: f.write(content), mode)
+    write_sums(folder, [(new, name)])
+    return True
 
 
 def verify(folder):

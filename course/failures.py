@@ -2,7 +2,7 @@
 (run_main). The lessons teach nothing here; a lesson copied without it still runs, with Python's
 own tracebacks.
 
-The line names the rank, where it was (the epoch and step it last finished: utils/watch.py), and for
+The line names the rank, where it was (the epoch and step it last finished: course/watch.py), and for
 a stop or a lost peer what to do next: the last good checkpoint, or how to find a hung rank
 (diagnose/hangs.md). An unreadable checkpoint, or one that does not fit the model, is one too.
 """
@@ -11,10 +11,11 @@ import os
 import sys
 import time
 
-from utils import beacon, log, watch
+from course import beacon, watch
+from course.errors import NonFiniteLoss, UserError, fail, say
+from course.runfiles import chosen_log_dir, epochs_done, has_checkpoint, holder_of, remove_debris
+from utils import log
 from utils.data import DataError
-from utils.errors import NonFiniteLoss, UserError, fail, say
-from utils.runfiles import chosen_log_dir, epochs_done, has_checkpoint, holder_of, remove_debris
 
 _ARGS = []  # the run's parsed flags (checks.parse notes them): --log-dir, --dist-timeout
 
@@ -37,7 +38,7 @@ HANGS_PAGE = "diagnose/hangs.md"
 
 def _rank():
     """This rank's number, from the launcher's variables (what the lesson was given too)."""
-    from utils.dist import discover
+    from course.dist import discover
     return discover().rank
 
 
@@ -158,7 +159,7 @@ def run_main(main):
 
     - a UserError (bad input): one line, exit 2;
     - SIGINT or SIGTERM (Ctrl-C, a scheduler's walltime): where it stopped, the last good
-      checkpoint and how to continue; exit 130 or 143 (utils/interrupts.py);
+      checkpoint and how to continue; exit 130 or 143 (course/interrupts.py);
     - a lost peer (a rank that died, or hung past the collective timeout): which rank waited, in
       which collective at which line, in which epoch and step, and what to do next; exit 1.
 
@@ -169,7 +170,7 @@ def run_main(main):
     line also goes into the worker's error file, so torchrun's report names it as the cause. A bug
     keeps its traceback.
     """
-    from utils import interrupts
+    from course import interrupts
     interrupts.install()
     try:
         main()
@@ -206,7 +207,7 @@ def run_main(main):
         if not is_peer_failure(exc):
             import traceback
 
-            from utils.errors import record_for_torchrun
+            from course.errors import record_for_torchrun
             # torchrun's report shows it (as @record would)
             record_for_torchrun(traceback.format_exc())
             raise  # a bug: keep the traceback
@@ -257,7 +258,7 @@ def _leave_finished():
 def _quit(line, code, prefix="error"):
     """One line, then out at once: a rank whose peers are gone must not wait in the libraries' exit
     hooks."""
-    from utils.scratch import remove_private_tmp
+    from course.scratch import remove_private_tmp
     remove_debris()
     remove_private_tmp()  # (os._exit runs no atexit hook)
     sys.stdout.flush()

@@ -4,7 +4,7 @@ one line.
 A scheduler sends SIGTERM some seconds before it kills a job at its walltime (Slurm: KillWait, 30 s
 by default; PBS: kill_delay); a terminal sends SIGINT to every process of the job at once. Python
 turns SIGINT into a KeyboardInterrupt and lets SIGTERM kill the process at once; here both become an
-`Interrupted` exception raised in the main thread, which utils.failures.run_main turns into one line
+`Interrupted` exception raised in the main thread, which course.failures.run_main turns into one line
 and the conventional exit code (128 + the signal's number: 130, 143). A checkpoint being written is
 never half-renamed (its write is atomic), so the last good one survives."""
 
@@ -37,7 +37,7 @@ _ending = []
 
 def ending():
     """From now on a signal is noted, not raised: the run is already ending (run_main of
-    utils/failures.py is writing its one line). A launcher that sees one rank die sends the others
+    course/failures.py is writing its one line). A launcher that sees one rank die sends the others
     SIGTERM, which would otherwise land in the middle of that line's making and end the rank in a
     traceback. Returns the signal that stopped the run before this call, or None (both read with the
     signals blocked, so none slips in between)."""

@@ -3,7 +3,7 @@ ending.
 
 TensorFlow's autograph writes a source file per traced function to the temporary folder and removes
 it only in an atexit hook, which an ending through os._exit skips (a stop, a lost peer:
-utils/failures.py): one stopped 2-rank run of horovod/tensorflow/main.py left 38 files in /tmp. A
+course/failures.py): one stopped 2-rank run of horovod/tensorflow/main.py left 38 files in /tmp. A
 folder whose process was killed (SIGKILL runs no hook) is removed when the next one starts.
 """
 import atexit

@@ -7,12 +7,13 @@ import os
 import sys
 import tempfile
 
-from utils import log, parse_args, runfiles, seal
-from utils.dist import backend_problem, cores, device_problem, discover
-from utils.errors import fail, record_for_torchrun
-from utils.failures import note_args
+from course import runfiles, seal
+from course.dist import backend_problem, cores, device_problem, discover
+from course.errors import fail, record_for_torchrun
+from course.failures import note_args
+from course.runfiles import epochs_done, has_checkpoint, note_default_log_dir, note_new_folder
+from utils import log, parse_args
 from utils.log import checkpoint_folder
-from utils.runfiles import epochs_done, has_checkpoint, note_default_log_dir, note_new_folder
 
 
 def _recorded_error(parser):
@@ -40,7 +41,7 @@ def resume_check(args):
         return
     log_dir = getattr(args, "log_dir", None)
     folder = checkpoint_folder(getattr(args, "checkpoint_dir", None), log_dir)
-    if folder and os.path.isdir(folder):  # every file as written (utils/seal.py), before any load
+    if folder and os.path.isdir(folder):  # every file as written (course/seal.py), before any load
         seal.verify(folder)
     if not hasattr(args, "log_dir"):
         return
@@ -51,7 +52,7 @@ def resume_check(args):
 
 
 def take_log_dir(args):
-    """Every rank takes --log-dir for this run (utils/runfiles.py): a second run on the same folder
+    """Every rank takes --log-dir for this run (course/runfiles.py): a second run on the same folder
     is refused on every rank, naming the holder, while the first one runs."""
     if getattr(args, "log_dir", None):
         runfiles.take_log_dir(args.log_dir, discover().rank, " ".join(sys.argv))
@@ -237,7 +238,7 @@ def parse(parser, argv=None):
     if getattr(args, "resume", False) and args.checkpoint_dir is None and args.log_dir is None:
         parser.error("--resume needs --checkpoint-dir (or the --log-dir of the run to continue)")
     # --backend is torch.distributed's: checked once here, before any process group, and again for
-    # the device each rank picks (utils/dist.py's backend_problem)
+    # the device each rank picks (course/dist.py's backend_problem)
     backend, device = getattr(args, "backend", "auto"), getattr(args, "device", "cpu")
     if "torch" in sys.modules and (problem := backend_problem(backend, device)):
         parser.error(problem)
