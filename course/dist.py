@@ -114,24 +114,10 @@ def _mpi_bcast(value):
     return MPI.COMM_WORLD.bcast(value, root=0)
 
 
-def pick_device(requested, local_rank):
-    """--device: `xpu:<local rank>` (Intel GPUs: Aurora's tiles), `cuda:<local rank>` (NVIDIA), or
-    `cpu`. `auto` takes the first that torch can see, in that order. An impossible choice is
-    one line, exit 2."""
-    import torch
-    if problem := device_problem(requested):
-        fail(problem)
-    for kind in ("xpu", "cuda"):
-        module = getattr(torch, kind, None)
-        present = module is not None and module.is_available()
-        if requested == kind or (requested == "auto" and present):
-            return f"{kind}:{local_rank % module.device_count()}"
-    return "cpu"
-
-
 def device_problem(device):
     """What is wrong with --device `device` here, as one line (cuda or xpu where torch sees none),
-    or None: the one check of the flag, by course/checks.py's parse() and again by pick_device()."""
+    or None: the one check of the flag, by course/checks.py's parse() (each lesson's step [2] then
+    picks the device itself)."""
     import torch
     module = getattr(torch, device, None)
     if device in ("cuda", "xpu") and not (module is not None and module.is_available()):
@@ -234,8 +220,8 @@ GPU_BACKENDS = {"nccl": "cuda", "xccl": "xpu"}
 
 def backend_problem(backend, device):
     """What is wrong with --backend `backend` for `device`, as one line, or None: the one check of
-    the flag. parse() calls it before any process group, with --device (`auto` until a rank picks
-    one); pick_backend() calls it again with the rank's own device ('cpu', 'cuda:0', 'xpu:1')."""
+    the flag, by course/checks.py's parse() before any process group, with --device (`auto` until
+    a rank picks one; each lesson's step [1] then picks the backend itself)."""
     if backend == "auto":
         return None
     import torch
@@ -253,17 +239,6 @@ def backend_problem(backend, device):
     if backend == "gloo" and kind == "xpu":
         return "--backend gloo cannot move xpu tensors; use --backend xccl (or auto)"
     return None
-
-
-def pick_backend(requested, device):
-    """The torch.distributed backend: --backend, or for `auto` the vendor's library between GPUs
-    (xccl on Intel, nccl on NVIDIA) and gloo between CPUs. An impossible pairing is one line,
-    exit 2."""
-    vendor = {kind: b for b, kind in GPU_BACKENDS.items()}  # device kind -> its collective library
-    backend = requested if requested != "auto" else vendor.get(device.split(":")[0], "gloo")
-    if problem := backend_problem(backend, device):
-        fail(problem)
-    return backend
 
 
 def free_port():
@@ -312,15 +287,3 @@ def default_extensions_dir():
     cache = os.environ.get("SCALING_DL_CACHE", home_cache)
     env_id = hashlib.sha1(sys.prefix.encode()).hexdigest()[:8]
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(cache, "torch_extensions", env_id))
-
-
-# --- small torch.distributed conveniences that also work in a single process ----------------------
-def _initialized():
-    import torch.distributed as tdist
-    return tdist.is_available() and tdist.is_initialized()
-
-
-def barrier():
-    if _initialized():
-        import torch.distributed as tdist
-        tdist.barrier()

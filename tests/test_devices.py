@@ -45,7 +45,7 @@ from tools import launch
 SHORT = ["--epochs", "1", "--max-steps", "8", "--num-threads", "1"]
 
 
-# --- the choice, against a torch that claims devices -------------------------------------------------------
+# --- the one check of --device and --backend, against a torch that claims devices -------------------------------------------------------
 def fake_devices(monkeypatch, xpu=0, cuda=0):
     for kind, count in (("xpu", xpu), ("cuda", cuda)):
         monkeypatch.setattr(torch, kind, types.SimpleNamespace(is_available=lambda c=count: c > 0,
@@ -54,42 +54,29 @@ def fake_devices(monkeypatch, xpu=0, cuda=0):
     monkeypatch.setattr(torch.distributed, "is_nccl_available", lambda: cuda > 0, raising=False)
 
 
-@pytest.mark.parametrize("xpu, cuda, local_rank, expected", [
-    (12, 0, 13, "xpu:1"),    # Aurora: 12 tiles per node, the 14th rank on a node wraps around
-    (12, 4, 3, "xpu:3"),     # Intel first when both exist
-    (0, 4, 6, "cuda:2"),     # Polaris: 4 A100
-    (0, 0, 5, "cpu"),
-])
-def test_auto_device_prefers_xpu_then_cuda_then_cpu_pinned_by_local_rank(monkeypatch, xpu, cuda, local_rank,
-                                                                          expected):
-    fake_devices(monkeypatch, xpu, cuda)
-    assert course.pick_device("auto", local_rank) == expected
-
-
-@pytest.mark.parametrize("device, backend", [("xpu:3", "xccl"), ("cuda:1", "nccl"), ("cpu", "gloo")])
-def test_auto_backend_is_the_vendors_library(monkeypatch, device, backend):
-    fake_devices(monkeypatch, xpu=12, cuda=4)
-    assert course.pick_backend("auto", device) == backend
-
-
 @pytest.mark.parametrize("requested, device, words", [
     ("nccl", "xpu:0", "--backend nccl connects cuda devices"),
     ("xccl", "cuda:0", "--backend xccl connects xpu devices"),
     ("gloo", "xpu:0", "--backend gloo cannot move xpu tensors"),
+    ("nccl", "cpu", "--backend nccl connects cuda devices, not cpu"),
 ])
-def test_a_backend_that_cannot_reach_the_device_is_one_line(monkeypatch, capsys, requested, device, words):
+def test_a_backend_that_cannot_reach_the_device_is_one_line(monkeypatch, requested, device, words):
+    """course/dist.py's backend_problem, the one rule course/checks.py's parse() applies to --backend."""
     fake_devices(monkeypatch, xpu=12, cuda=4)
-    with pytest.raises(SystemExit) as exit_info:
-        course.pick_backend(requested, device)
-    assert exit_info.value.code == 2 and words in capsys.readouterr().err
+    assert words in course.backend_problem(requested, device)
+    assert course.backend_problem("auto", device) is None
 
 
-def test_xccl_missing_from_the_torch_build_is_one_line(monkeypatch, capsys):
+def test_xccl_missing_from_the_torch_build_is_one_line(monkeypatch):
     fake_devices(monkeypatch, xpu=12)
     monkeypatch.setattr(torch.distributed, "is_xccl_available", lambda: False, raising=False)
-    with pytest.raises(SystemExit):
-        course.pick_backend("auto", "xpu:0")
-    assert "this torch build has no xccl backend" in capsys.readouterr().err
+    assert "this torch build has no xccl backend" in course.backend_problem("xccl", "xpu:0")
+
+
+def test_a_device_torch_cannot_see_is_one_line(monkeypatch):
+    fake_devices(monkeypatch, xpu=0, cuda=4)
+    assert "--device xpu: this torch" in course.device_problem("xpu")
+    assert course.device_problem("cuda") is None and course.device_problem("cpu") is None
 
 
 # --- impossible choices, for real: every rank says one line and the job ends ------------------------------

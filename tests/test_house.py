@@ -168,9 +168,9 @@ def test_one_rule_says_where_a_checkpoint_lives():
     assert checkpoint_folder(None, None) is None
 
 
-def test_the_backend_is_checked_by_one_function_before_and_after_the_device_is_picked():
-    """parse() (with --device) and pick_backend() (with the rank's device) say the same line: both are
-    course/dist.py's backend_problem. --device cpu with --backend nccl is impossible on every machine."""
+def test_the_backend_is_checked_by_one_function():
+    """parse() refuses --backend with course/dist.py's backend_problem line, the one rule (each lesson then picks
+    its backend in plain code). --device cpu with --backend nccl is impossible on every machine."""
     code = (
         "import sys; sys.path.append(sys.argv[1]); import torch\n"
         "from course.dist import backend_problem\n"
