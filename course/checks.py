@@ -8,9 +8,10 @@ import sys
 import tempfile
 
 from course import runfiles, seal
-from course.dist import backend_problem, cores, device_problem, discover
+from course.dist import backend_problem, cores, device_problem
 from course.errors import fail, record_for_torchrun
 from course.failures import note_args
+from course.ranks import discover
 from course.runfiles import epochs_done, has_checkpoint, note_default_log_dir, note_new_folder
 from utils import log, parse_args
 from utils.log import checkpoint_folder

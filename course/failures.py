@@ -38,7 +38,7 @@ HANGS_PAGE = "diagnose/hangs.md"
 
 def _rank():
     """This rank's number, from the launcher's variables (what the lesson was given too)."""
-    from course.dist import discover
+    from course.ranks import discover
     return discover().rank
 
 

@@ -90,8 +90,9 @@ def _before_main(args):
     """Cores shared by more ranks than they have; the framework calls the plumbing watches
     wrapped (course/wrap.py); with DeepSpeed: its JIT ops cached outside the checkout, and
     deepspeed/main.py's flags and config checked (course/ds_guard.py)."""
-    from course.dist import discover, warn_shared_cores
-    warn_shared_cores(discover().local_world_size)
+    from course.dist import warn_shared_cores
+    from course.ranks import discover
+    warn_shared_cores(discover())
     deepspeed_config = None
     if "deepspeed" in sys.modules:
         from course import ds_guard

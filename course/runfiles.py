@@ -118,7 +118,7 @@ def remove_debris():
     removes)."""
     import shutil
 
-    from course.dist import discover
+    from course.ranks import discover
     if discover().rank != 0:
         return
     chosen = [chosen_log_dir()] if _DEFAULT_DIR and chosen_log_dir() else []

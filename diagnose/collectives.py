@@ -66,10 +66,10 @@ class Torch:
         import torch
         import torch.distributed as dist
 
-        from course import dist as course
+        from course import ranks
 
         self.torch, self.dist = torch, dist
-        env = course.export_rendezvous(course.discover())
+        env = ranks.export_rendezvous(ranks.discover())
         torch.set_num_threads(1)
         if env.world_size < 2:
             raise SystemExit(

@@ -42,8 +42,7 @@ import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from course import dist as course
-from course import failures
+from course import failures, ranks
 from course.errors import fail
 from course.torch_utils import Net, to_tensors
 from utils import data, log
@@ -215,7 +214,7 @@ def main():
             except (ValueError, AssertionError):
                 p.error(f"{v}: ddp-cap takes a positive size in MB, e.g. ddp-cap5")
 
-    env = course.export_rendezvous(course.discover())
+    env = ranks.export_rendezvous(ranks.discover())
     torch.set_num_threads(args.num_threads)
     if env.world_size < 2:
         fail(
@@ -228,7 +227,7 @@ def main():
     variants = [v for v in args.variants if v != "ddp-mpi" or comm is not None]
     if "ddp-mpi" in args.variants and comm is None:
         log.info("ddp-mpi skipped: it needs mpi4py and the ranks started by mpiexec")
-    mnist = data.load_mnist(is_main=env.is_main, barrier=course.barrier)
+    mnist = data.load_mnist(is_main=env.is_main, barrier=dist.barrier)
     x_train, y_train, x_test, y_test = to_tensors(mnist, torch.device("cpu"))
     lr = 0.01 * n
     log.info(

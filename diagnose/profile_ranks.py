@@ -40,7 +40,7 @@ sys.path.append(str(ROOT))
 
 def rank_from_env():
     """(rank, world size), as each launcher the course knows sets them (course/dist.py discover)."""
-    from course.dist import discover
+    from course.ranks import discover
     me = discover()
     return me.rank, me.world_size
 

@@ -18,7 +18,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent  # the venv's bin: torchrun, mpiexec, horovodrun, deepspeed
 sys.path.append(str(ROOT))  # after site-packages: `import horovod` stays the library
-from course.dist import free_port  # noqa: F401  (the tests import it from here)
+from course.ranks import free_port  # noqa: F401  (the tests import it from here)
 from tools.launch import EXAMPLES, launch_command
 from utils import data
 from warm import WarmCommand, run_warm, warm

@@ -45,7 +45,7 @@ from tools import launch
 SHORT = ["--epochs", "1", "--max-steps", "8", "--num-threads", "1"]
 
 
-# --- the one check of --device and --backend, against a torch that claims devices -------------------------------------------------------
+# --- the one check of --device and --backend, against a torch that claims devices ----------------------------
 def fake_devices(monkeypatch, xpu=0, cuda=0):
     for kind, count in (("xpu", xpu), ("cuda", cuda)):
         monkeypatch.setattr(torch, kind, types.SimpleNamespace(is_available=lambda c=count: c > 0,

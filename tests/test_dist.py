@@ -1,4 +1,4 @@
-"""course/dist.py: rank discovery from each launcher's environment."""
+"""course/ranks.py: rank discovery from each launcher's environment; course/dist.py: the cores a rank may use."""
 import sys
 
 import pytest
@@ -6,7 +6,7 @@ import pytest
 from support import ROOT
 
 sys.path.append(str(ROOT))
-from course import dist
+from course import dist, ranks
 
 LAUNCHER_VARS = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID", "HOROVOD_RANK",
                  "HOROVOD_LOCAL_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_SIZE", "PALS_RANKID", "PALS_LOCAL_RANKID",
@@ -40,6 +40,18 @@ CASES = {
 }
 
 
+def test_the_rank_reader_outside_the_lessons_is_the_lessons_table_with_horovodrun():
+    """One reading of the ranks: course/ranks.py's LAUNCHERS is the DDP lesson's step [1] table (which every torch
+    lesson repeats: tests/test_lift_out.py) with horovodrun's row."""
+    import ast
+    tree = ast.parse((ROOT / "DDP" / "main.py").read_text())
+    (table,) = [ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
+                and any(getattr(t, "id", None) == "LAUNCHERS" for t in node.targets)]
+    ours = dict(ranks.LAUNCHERS)
+    assert ours.pop("horovodrun") == ("HOROVOD_RANK", "HOROVOD_LOCAL_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_SIZE")
+    assert ours == table
+
+
 @pytest.mark.parametrize("name", CASES)
 def test_discover(monkeypatch, name):
     for var in LAUNCHER_VARS:
@@ -47,23 +59,29 @@ def test_discover(monkeypatch, name):
     variables, expected = CASES[name]
     for key, value in variables.items():
         monkeypatch.setenv(key, value)
-    env = dist.discover()
+    env = ranks.discover()
     assert (env.rank, env.local_rank, env.world_size, env.local_world_size, env.launcher) == expected
 
 
 def test_master_is_loopback_on_one_host(monkeypatch):
     monkeypatch.delenv("MASTER_ADDR", raising=False)
-    env = dist.DistEnv(rank=1, world_size=2, local_world_size=2, launcher="mpiexec")
-    assert dist.master_address(env)[0] == "127.0.0.1"
+    env = ranks.DistEnv(rank=1, world_size=2, local_world_size=2, launcher="mpiexec")
+    assert ranks.master_address(env)[0] == "127.0.0.1"
 
 
-def test_threads_split_the_cores(monkeypatch):
+def test_more_ranks_than_unbound_cores_is_said_once_by_local_rank_0(monkeypatch, capsys):
     monkeypatch.setattr(dist.os, "cpu_count", lambda: 8)
     monkeypatch.setattr(dist.os, "sched_getaffinity", lambda pid: set(range(8)))
-    assert dist.threads_per_rank(None, 4) == 2
-    assert dist.threads_per_rank(3, 4) == 3
+    assert dist.cores() == (8, False)
+    for local_rank in (0, 1):
+        dist.warn_shared_cores(ranks.DistEnv(rank=local_rank, local_rank=local_rank, world_size=16,
+                                             local_world_size=16))
+    assert capsys.readouterr().err.count("warning: 16 ranks on the 8 core(s) of this node") == 1
+    dist.warn_shared_cores(ranks.DistEnv(world_size=8, local_world_size=8))  # one core each: silent
     monkeypatch.setattr(dist.os, "sched_getaffinity", lambda pid: {0, 1, 2})  # bound by the launcher
-    assert dist.threads_per_rank(None, 4) == 3
+    assert dist.cores() == (3, True)
+    dist.warn_shared_cores(ranks.DistEnv(world_size=16, local_world_size=16))  # bound: its own cores
+    assert capsys.readouterr().err == ""
 
 
 def test_srun_ranks_meet_at_the_steps_first_node(monkeypatch):
@@ -74,10 +92,10 @@ def test_srun_ranks_meet_at_the_steps_first_node(monkeypatch):
 
     def scontrol(cmd, **kwargs):
         calls.append(cmd)
-        return dist.subprocess.CompletedProcess(cmd, 0, "nid001\nnid002\n", "")
-    monkeypatch.setattr(dist.subprocess, "run", scontrol)
-    env = dist.DistEnv(rank=1, world_size=2, local_world_size=1, launcher="srun")
-    assert dist.master_address(env)[0] == "nid001"
+        return ranks.subprocess.CompletedProcess(cmd, 0, "nid001\nnid002\n", "")
+    monkeypatch.setattr(ranks.subprocess, "run", scontrol)
+    env = ranks.DistEnv(rank=1, world_size=2, local_world_size=1, launcher="srun")
+    assert ranks.master_address(env)[0] == "nid001"
     assert calls == [["scontrol", "show", "hostnames", "nid[001-002]"]]
 
 
@@ -93,4 +111,4 @@ def test_the_default_port_moves_with_the_job_number(monkeypatch, variables, port
         monkeypatch.delenv(name, raising=False)
     for name, value in variables.items():
         monkeypatch.setenv(name, value)
-    assert dist.default_port() == port
+    assert ranks.default_port() == port

@@ -234,7 +234,7 @@ def test_a_master_port_in_use_is_one_line_on_rank_0_that_names_it(tmp_path):
     """MASTER_PORT in use by another program (here an outgoing connection holds it): rank 0 cannot
     listen on it and says so in one line; rank 1, which never meets it, gives up after --dist-timeout.
     What ended a Slurm job of the suite once, when the tests still took MASTER_PORT from the kernel's
-    ephemeral range, where srun's own listening ports come from (course/dist.free_port now takes it
+    ephemeral range, where srun's own listening ports come from (course/ranks.free_port now takes it
     from below)."""
     from tools.launch import launch_command
     with socket.socket() as server:
@@ -256,7 +256,7 @@ def test_a_master_port_in_use_is_one_line_on_rank_0_that_names_it(tmp_path):
 def test_a_port_in_use_ends_torchrun_itself_and_standalone_picks_a_free_one(tmp_path):
     """Under torchrun the port is the launcher's: a port in use ends torchrun in its own traceback, before any
     rank (diagnose/hangs.md says so); the advice there, `--standalone`, runs with the same port still held."""
-    from course.dist import free_port
+    from course.ranks import free_port
     port, short = free_port(), [DDP, "--epochs", "1", "--max-steps", "1", "--num-threads", "1"]
     with socket.socket() as held:
         held.bind(("0.0.0.0", port))
@@ -270,7 +270,7 @@ def test_a_port_in_use_ends_torchrun_itself_and_standalone_picks_a_free_one(tmp_
 
 
 def test_free_ports_come_from_below_the_ephemeral_range():
-    from course.dist import free_port
+    from course.ranks import free_port
     low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
     for port in (free_port() for _ in range(20)):
         assert 20000 <= port < low
@@ -285,7 +285,7 @@ def test_a_port_from_free_port_survives_other_programs_taking_kernel_picked_port
     again, and one from free_port() never is. The control makes the test able to fail."""
     import time
 
-    from course.dist import free_port
+    from course.ranks import free_port
     from tools.launch import kernel_port, port_pressure
 
     def still_free(port):

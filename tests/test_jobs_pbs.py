@@ -248,7 +248,7 @@ def test_dry_run_outside_a_job_plans_one_node(tmp_path, machine):
 
 def test_sophia_listens_on_a_port_of_its_job_unless_one_is_set(tmp_path):
     """by-gpu jobs share nodes: the default MASTER_PORT is 29500 + the job number mod 1000, as
-    course/dist.default_port computes it for the other machines; a MASTER_PORT given wins."""
+    course/ranks.default_port computes it for the other machines; a MASTER_PORT given wins."""
     result, _ = job("sophia", tmp_path, 1, DRY_RUN="1", MASTER_PORT="")  # job 4242
     assert "MASTER_PORT=29742" in exports(check(result).stdout), exports(result.stdout)
     result, _ = job("sophia", tmp_path, 1, DRY_RUN="1", MASTER_PORT="31000")

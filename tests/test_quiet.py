@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from course.dist import free_port
+from course.ranks import free_port
 from support import BIN, DS, HVD_TF, HVD_TORCH, ROOT, check, horovodrun, python, run, torchrun
 
 VERBOSE = {"COURSE_VERBOSE": "1"}

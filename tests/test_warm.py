@@ -60,19 +60,26 @@ def test_a_warm_child_ends_as_the_same_script_under_python(tmp_path, ending):
 def test_warm_ranks_get_the_variables_a_real_launch_gives(tmp_path):
     """Each rank's environment, less the parent's, is torchrun's for its workers, but for the agent's own store
     and error file (no agent: rank 0 hosts the store, as under mpiexec) and the port's number."""
+    # (each rank writes a file of its own: two ranks' lines of several KB on one pipe can interleave)
     script = tmp_path / "env.py"
-    script.write_text("import json, os\nprint(json.dumps(dict(os.environ)))\n")
+    script.write_text("import json, os, sys\n"
+                      "with open(os.path.join(sys.argv[1], 'env.' + os.environ['RANK']), 'w') as f:\n"
+                      "    json.dump(dict(os.environ), f)\n")
     own = dict(os.environ)
 
-    def added(result):
-        envs = [json.loads(line) for line in check(result).stdout.splitlines()]
+    def added(result, folder):
+        check(result)
+        envs = [json.loads(path.read_text()) for path in folder.glob("env.*")]
+        assert len(envs) == 2, envs
         return sorted(({k: v for k, v in e.items() if own.get(k) != v and k not in ("MASTER_PORT", "_")}
                        for e in envs), key=lambda e: e["RANK"])
 
-    launched = added(run(launch_command(script, 2, "torchrun")))
+    (tmp_path / "launched").mkdir()
+    (tmp_path / "warm").mkdir()
+    launched = added(run(launch_command(script, 2, "torchrun", [tmp_path / "launched"])), tmp_path / "launched")
     for e in launched:
         assert e.pop("TORCHELASTIC_USE_AGENT_STORE") == "True" and e.pop("TORCHELASTIC_ERROR_FILE")
-    assert added(run(warm(2, script))) == launched
+    assert added(run(warm(2, script, tmp_path / "warm")), tmp_path / "warm") == launched
 
 
 def test_a_warm_run_past_its_timeout_is_killed_and_fails(tmp_path):

@@ -98,7 +98,7 @@ def _number(conn, word, when):
 def run_warm(cmd, timeout, env, cwd):
     """Run a WarmCommand as support.run runs a command: (returncode, stdout, stderr, timed out). The return code
     is the first failing rank's (in rank order), as the rank itself ended; 0 if all ended with 0."""
-    from course.dist import free_port
+    from course.ranks import free_port
     from tools.launch import torchrun_worker_env
     port = free_port()
     out_r, out_w = os.pipe()

@@ -16,7 +16,7 @@ OUT=assets`).
 Every run is a real DDP/main.py under torchrun, one thread per rank, logging into runs/figures/<study>/<run>/
 (metrics.jsonl, as every example writes); `--replot` draws again from those logs without training.
 Each plot function (figures_plots.py) returns the data it drew ({"panel|label": (x, y)}, read back from the
-axes), which is what tests/test_figures.py checks; figures_runs.py starts the runs (through course.dist's
+axes), which is what tests/test_figures.py checks; figures_runs.py starts the runs (through tools/launch.py's
 launch_command) and reads their logs.
 
 Scaling study (DDP, the shipped 4,000 training digits, `--epochs` epochs per run, throughput = median

@@ -11,7 +11,7 @@ import threading
 import time
 from pathlib import Path
 
-from course.dist import LOOPBACK, free_port
+from course.ranks import LOOPBACK, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # the repo root, after site-packages
-from course.dist import free_port
+from course.ranks import free_port
 from tools.launch import EXAMPLES, LAUNCHERS, ROOT, kernel_port, launch_command, port_pressure
 from tools.lift import lift
 
