@@ -1,4 +1,5 @@
-"""The course's two kinds of expected failure, each one line on stderr instead of a traceback.
+"""The course's two kinds of expected failure, each one line on stderr instead of a traceback, and the
+line for a checkpoint that does not load.
 
 Its own module so that every module (rank discovery, logging, arguments) can raise them without
 importing the others.
@@ -55,3 +56,23 @@ def fail(message, code=2):
     traceback."""
     say(message)
     sys.exit(code)
+
+
+def checkpoint_problem(exc):
+    """One line for a checkpoint torch or TensorFlow cannot load (what `exc` came from), or that
+    does not fit the model, or None (course/failures.py says it)."""
+    import traceback
+    frames = [frame for frame, _ in traceback.walk_tb(exc.__traceback__)]
+    reason = " ".join(str(exc).split())[:300]
+    for frame in frames:
+        code = frame.f_code
+        torch_load = code.co_filename.endswith(os.path.join("torch", "serialization.py"))
+        if code.co_name == "load" and torch_load:
+            path = frame.f_locals.get("f", "")
+            return f"checkpoint {path} is unreadable (truncated or corrupted?): {reason}"
+    if any(frame.f_code.co_name == "load_state_dict" for frame in frames):
+        return f"the checkpoint does not fit this model: {reason}"
+    if any(os.path.join("tensorflow", "python", "checkpoint") in f.f_code.co_filename
+           for f in frames):
+        return f"the checkpoint does not load (truncated, corrupted or of another model?): {reason}"
+    return None

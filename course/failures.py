@@ -12,7 +12,7 @@ import sys
 import time
 
 from course import beacon, watch
-from course.errors import NonFiniteLoss, UserError, fail, say
+from course.errors import NonFiniteLoss, UserError, checkpoint_problem, fail, say
 from course.runfiles import chosen_log_dir, epochs_done, has_checkpoint, holder_of, remove_debris
 from utils import log
 from utils.data import DataError
@@ -40,25 +40,6 @@ def _rank():
     """This rank's number, from the launcher's variables (what the lesson was given too)."""
     from course.ranks import discover
     return discover().rank
-
-
-def _checkpoint_problem(exc):
-    """One line for a checkpoint torch or TensorFlow cannot load, or that does not fit, or None."""
-    import traceback
-    frames = [frame for frame, _ in traceback.walk_tb(exc.__traceback__)]
-    reason = " ".join(str(exc).split())[:300]
-    for frame in frames:
-        code = frame.f_code
-        torch_load = code.co_filename.endswith(os.path.join("torch", "serialization.py"))
-        if code.co_name == "load" and torch_load:
-            path = frame.f_locals.get("f", "")
-            return f"checkpoint {path} is unreadable (truncated or corrupted?): {reason}"
-    if any(frame.f_code.co_name == "load_state_dict" for frame in frames):
-        return f"the checkpoint does not fit this model: {reason}"
-    if any(os.path.join("tensorflow", "python", "checkpoint") in f.f_code.co_filename
-           for f in frames):
-        return f"the checkpoint does not load (truncated, corrupted or of another model?): {reason}"
-    return None
 
 
 def is_peer_failure(exc):
@@ -202,7 +183,7 @@ def run_main(main):
             fail(str(exc))
         if isinstance(exc, NonFiniteLoss):
             _quit(_non_finite_line(exc), 1)
-        if problem := _checkpoint_problem(exc):
+        if problem := checkpoint_problem(exc):
             fail(problem)
         if not is_peer_failure(exc):
             import traceback

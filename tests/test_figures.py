@@ -1,6 +1,6 @@
-"""tools/figures.py (with figures_plots.py, figures_runs.py) and the course notes: plots draw the right
-data, the grad-accum emulation equals a real larger world, the README's figure commands run, and every README
-image exists and every figure is used."""
+"""tools/figures.py (with figures_plots.py, figures_diagrams.py, figures_runs.py) and the course notes: plots
+draw the right data, the grad-accum emulation equals a real larger world, the README's figure commands run, and
+every README image exists and every figure is used."""
 import json
 import re
 import shlex

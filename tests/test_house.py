@@ -88,6 +88,13 @@ def test_utils_holds_only_what_the_lessons_import():
     assert not (ROOT / "utils" / "tools").exists(), "the maintainers' tools live in tools/, not under utils/"
 
 
+def test_no_module_outside_the_lessons_is_over_250_lines():
+    """A smell detector: a module that grew past it holds two jobs (utils/, course/, tools/)."""
+    long = {name: n for name in TRACKED if name.endswith(".py") and name.startswith(("utils/", "course/", "tools/"))
+            and (n := len((ROOT / name).read_text().splitlines())) > 250}
+    assert long == {}
+
+
 def test_every_course_module_is_used():
     """Reached from what the lessons, diagnose/ and the tools import: no module nobody calls."""
     users = [ROOT / name for name in TRACKED if name.endswith(".py") and not name.startswith(("course/", "tests/"))]

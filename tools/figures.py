@@ -16,8 +16,8 @@ OUT=assets`).
 Every run is a real DDP/main.py under torchrun, one thread per rank, logging into runs/figures/<study>/<run>/
 (metrics.jsonl, as every example writes); `--replot` draws again from those logs without training.
 Each plot function (figures_plots.py) returns the data it drew ({"panel|label": (x, y)}, read back from the
-axes), which is what tests/test_figures.py checks; figures_runs.py starts the runs (through tools/launch.py's
-launch_command) and reads their logs.
+axes), which is what tests/test_figures.py checks; figures_diagrams.py draws the diagrams; figures_runs.py
+starts the runs (through tools/launch.py's launch_command) and reads their logs.
 
 Scaling study (DDP, the shipped 4,000 training digits, `--epochs` epochs per run, throughput = median
 samples/s over the epochs after the first; the global LR follows the global batch, see --scaling-lr):
@@ -37,11 +37,8 @@ import sys
 import time
 from pathlib import Path
 
+from figures_diagrams import diagram_allreduce, diagram_parallelism, diagram_ring, diagram_tensor_parallel
 from figures_plots import (
-    diagram_allreduce,
-    diagram_parallelism,
-    diagram_ring,
-    diagram_tensor_parallel,
     plot_accuracy,
     plot_batch_efficiency,
     plot_efficiency,
@@ -54,43 +51,19 @@ from figures_runs import (
     ROOT,
     batch_efficiency,
     find_sweeps,
-    get_run,
     launch,
+    lr_runs,
     machine_from_path,
     machine_name,
     read_config,
     read_metrics,
+    scaling_runs,
     scaling_table,
     sweep_kind,
 )
 
 
 # --- the scaling study ---------------------------------------------------------------------------------------
-def scaling_runs(args):
-    """Run (or re-read) every configuration once: {(ranks, batch per rank): history}."""
-    base = Path(args.runs_dir) / "scaling"
-    common = ["--epochs", args.epochs, "--num-threads", args.threads, "--log-interval", 1000]
-    if args.max_steps:
-        common += ["--max-steps", args.max_steps]
-    configs = []
-    for n in args.ranks:
-        configs.append((n, args.batch_size))  # weak
-        if args.global_batch % n:
-            sys.exit(f"error: --global-batch {args.global_batch} is not divisible by {n} ranks")
-        configs.append((n, args.global_batch // n))  # strong
-    for b in args.batch_sizes:
-        configs += [(1, b), (2, b)]
-    runs = {}
-    for n, b in configs:
-        if (n, b) not in runs:
-            # The LR follows the global batch (linear scaling rule): per rank --lr is proportional to the batch
-            # per rank, and the script multiplies it by the ranks. Weak scaling grows it, strong keeps it fixed.
-            lr = args.scaling_lr * b / args.batch_size
-            runs[n, b] = get_run(n, base / f"n{n}-b{b}", common + ["--batch-size", b, "--lr", f"{lr:g}"],
-                                 args.replot, args.reuse)
-    return runs
-
-
 def scaling_figures(runs, args, out, prefix, machine):
     """The five scaling figures from {(ranks, batch per rank): history}; returns {figure path: plotted data}."""
     weak = {n: runs[n, args.batch_size] for n in args.ranks}
@@ -149,31 +122,6 @@ def from_logs(args):
 
 
 # --- the learning-rate lesson ------------------------------------------------------------------------------
-def lr_variants(workers, args):
-    variants = {"no warmup": [], f"warmup {args.warmup} epochs": ["--lr-warmup-epochs", args.warmup]}
-    if workers >= args.rescue_from:
-        variants[f"warmup + clip {args.clip:g}"] = ["--lr-warmup-epochs", args.warmup, "--clip-grad-norm", args.clip]
-    return variants
-
-
-def lr_runs(args):
-    base = Path(args.runs_dir) / "lr"
-    runs = {}
-    for w in args.workers:
-        if w % args.real_ranks:
-            sys.exit(f"error: {w} workers cannot be emulated by {args.real_ranks} ranks x whole accumulation steps")
-        common = ["--epochs", args.epochs, "--batch-size", args.batch_size, "--lr", args.lr, "--momentum", 0.5,
-                  "--grad-accum", w // args.real_ranks, "--num-threads", args.threads, "--log-interval", 1000]
-        if args.max_steps:
-            common += ["--max-steps", args.max_steps]
-        runs[w] = {}
-        for variant, flags in lr_variants(w, args).items():
-            slug = variant.replace(" ", "-").replace("+", "").replace("--", "-")
-            runs[w][variant] = get_run(args.real_ranks, base / f"w{w}-{slug}", common + flags, args.replot,
-                                       args.reuse)
-    return runs
-
-
 def lr_figure(runs, args, out, machine):
     path = out / "lr_lesson.png"
     title = (f"DDP, {args.real_ranks} real ranks x --grad-accum = emulated workers, {args.batch_size} samples per "

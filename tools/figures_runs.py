@@ -138,3 +138,54 @@ def machine_from_path(sweep):
     """runs/<machine>/<example>-scale/<job id> -> <machine>."""
     parts = Path(sweep).resolve().parts
     return parts[parts.index("runs") + 1] if "runs" in parts[:-1] else Path(sweep).name
+
+
+# --- the runs of each study (figures.py draws them) ---------------------------------------------------------
+def scaling_runs(args):
+    """Run (or re-read) every configuration once: {(ranks, batch per rank): history}."""
+    base = Path(args.runs_dir) / "scaling"
+    common = ["--epochs", args.epochs, "--num-threads", args.threads, "--log-interval", 1000]
+    if args.max_steps:
+        common += ["--max-steps", args.max_steps]
+    configs = []
+    for n in args.ranks:
+        configs.append((n, args.batch_size))  # weak
+        if args.global_batch % n:
+            sys.exit(f"error: --global-batch {args.global_batch} is not divisible by {n} ranks")
+        configs.append((n, args.global_batch // n))  # strong
+    for b in args.batch_sizes:
+        configs += [(1, b), (2, b)]
+    runs = {}
+    for n, b in configs:
+        if (n, b) not in runs:
+            # The LR follows the global batch (linear scaling rule): per rank --lr is proportional to the batch
+            # per rank, and the script multiplies it by the ranks. Weak scaling grows it, strong keeps it fixed.
+            lr = args.scaling_lr * b / args.batch_size
+            runs[n, b] = get_run(n, base / f"n{n}-b{b}", common + ["--batch-size", b, "--lr", f"{lr:g}"],
+                                 args.replot, args.reuse)
+    return runs
+
+
+def lr_variants(workers, args):
+    variants = {"no warmup": [], f"warmup {args.warmup} epochs": ["--lr-warmup-epochs", args.warmup]}
+    if workers >= args.rescue_from:
+        variants[f"warmup + clip {args.clip:g}"] = ["--lr-warmup-epochs", args.warmup, "--clip-grad-norm", args.clip]
+    return variants
+
+
+def lr_runs(args):
+    base = Path(args.runs_dir) / "lr"
+    runs = {}
+    for w in args.workers:
+        if w % args.real_ranks:
+            sys.exit(f"error: {w} workers cannot be emulated by {args.real_ranks} ranks x whole accumulation steps")
+        common = ["--epochs", args.epochs, "--batch-size", args.batch_size, "--lr", args.lr, "--momentum", 0.5,
+                  "--grad-accum", w // args.real_ranks, "--num-threads", args.threads, "--log-interval", 1000]
+        if args.max_steps:
+            common += ["--max-steps", args.max_steps]
+        runs[w] = {}
+        for variant, flags in lr_variants(w, args).items():
+            slug = variant.replace(" ", "-").replace("+", "").replace("--", "-")
+            runs[w][variant] = get_run(args.real_ranks, base / f"w{w}-{slug}", common + flags, args.replot,
+                                       args.reuse)
+    return runs
