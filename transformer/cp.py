@@ -51,6 +51,20 @@ def who_am_i():
     return 0, 0, 1, 1, "python"
 
 
+def meeting_place(rank, world_size, wait):
+    """The store the ranks meet in (no step of the recipe). One process: a store of its own, a
+    group of one. torchrun --max-restarts starts a failed job again on the same store: a restarted
+    attempt keeps its keys apart, or it meets the dead attempt's and waits out --dist-timeout.
+    Otherwise None: init_process_group meets at MASTER_ADDR:MASTER_PORT itself."""
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if world_size == 1:
+        return dist.HashStore()
+    if attempt == "0":
+        return None
+    store, _, _ = next(dist.rendezvous("env://", rank, world_size, timeout=wait))
+    return dist.PrefixStore(attempt, store)
+
+
 def ring_pass(group, *tensors):
     """Each tensor to the next rank of the ring, the previous rank's received (one batch of
     point-to-point sends and receives, so no rank waits on another's send to go first)."""
@@ -120,6 +134,13 @@ class RingAttention(torch.autograd.Function):
         return dq, dk, dv, None
 
 
+def apply_cp(model, ring):
+    """[5] Attention is the one layer whose tokens meet other ranks' tokens: in every block it
+    becomes ring attention over the group `ring` (each rank holds T/N of every sequence)."""
+    for block in model.blocks:
+        block.attn.attend = lambda q, k, v, dropout: RingAttention.apply(q, k, v, ring)
+
+
 def run_epoch(model, optimizer, tokens, starts, args, device, progress=None, wire=None):
     """Train on (or, without a progress line, evaluate) this rank's part of each sequence."""
     model.train(progress is not None)
@@ -176,12 +197,11 @@ def main(args):
     torch.set_num_threads(threads)
     # [1] Join the process group; the ring's sends on a group of their own (the same ranks),
     #     apart from DDP's all-reduces in backward.
-    backend = {"cuda": "nccl", "xpu": "xccl"}.get(gpu, "gloo") if args.backend == "auto" \
-        else args.backend
-    wait = timedelta(seconds=args.dist_timeout)  # (torchrun --max-restarts: a restarted attempt
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")  # meets on keys of its own)
-    store = dist.HashStore() if world_size == 1 else None if attempt == "0" else dist.PrefixStore(
-        attempt, next(dist.rendezvous("env://", rank, world_size, timeout=wait))[0])
+    backend = args.backend
+    if backend == "auto":
+        backend = {"cuda": "nccl", "xpu": "xccl"}.get(gpu, "gloo")  # gloo between CPUs
+    wait = timedelta(seconds=args.dist_timeout)
+    store = meeting_place(rank, world_size, wait)
     dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=wait, store=store)
     ring = dist.new_group()
     log.configure(rank, local_rank, args.log_all_ranks)
@@ -194,11 +214,10 @@ def main(args):
     model = gpt.GPT(config).to(device)  # the same weights on every rank (model.py: seeded)
     x, y = text.windows(train, torch.tensor([0]), args.context)  # a sequence: FLOPs per token
     per_token = gpt.flops_per_token(model, x.to(device), y.to(device))
-    # [5] Every rank holds the whole model; attention is the one layer whose tokens meet other
-    #     ranks' tokens: it becomes ring attention. Then DDP, as in ddp.py.
+    # [5] Every rank holds the whole model; its attention becomes ring attention. Then DDP, as in
+    #     ddp.py.
     if world_size > 1:
-        for block in model.blocks:
-            block.attn.attend = lambda q, k, v, dropout: RingAttention.apply(q, k, v, ring)
+        apply_cp(model, ring)
         model = DDP(model, device_ids=[device] if gpu else None)
     log.info(f"{FRAMEWORK}: {world_size} rank(s) via {launcher}, each {args.context // world_size}"
              f" of the {args.context} tokens of a sequence, device {device}, backend {backend}, "

@@ -53,6 +53,20 @@ def who_am_i():
     return 0, 0, 1, 1, "python"
 
 
+def meeting_place(rank, world_size, wait):
+    """The store the ranks meet in (no step of the recipe). One process: a store of its own, a
+    group of one. torchrun --max-restarts starts a failed job again on the same store: a restarted
+    attempt keeps its keys apart, or it meets the dead attempt's and waits out --dist-timeout.
+    Otherwise None: init_process_group meets at MASTER_ADDR:MASTER_PORT itself."""
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if world_size == 1:
+        return dist.HashStore()
+    if attempt == "0":
+        return None
+    store, _, _ = next(dist.rendezvous("env://", rank, world_size, timeout=wait))
+    return dist.PrefixStore(attempt, store)
+
+
 def expert_parallel(moe, group):
     """The MoE's `compute` with its experts spread over the ranks of `group`, E/N on each: the
     buffer of slots [B, E, capacity, C] goes expert by expert to the rank holding the expert (one
@@ -69,6 +83,14 @@ def expert_parallel(moe, group):
         back = all_to_all_single_autograd(out.reshape(-1, C), None, None, group)
         return back.view(E, B, capacity, C).transpose(0, 1)
     return compute
+
+
+def apply_ep(model, mine, group):
+    """[5] In every block, keep the experts numbered `mine` and let the MoE layer send each token
+    to the rank that holds its expert (expert_parallel: two all-to-alls over `group`)."""
+    for block in model.blocks:
+        block.mlp.experts = nn.ModuleList(block.mlp.experts[i] for i in mine)
+        block.mlp.compute = expert_parallel(block.mlp, group)
 
 
 def run_epoch(model, optimizer, tokens, starts, args, device, progress=None, wire=None):
@@ -119,12 +141,11 @@ def main(args):
     threads = args.num_threads or (cores if cores < os.cpu_count() else max(1, cores // local_size))
     torch.set_num_threads(threads)
     # [1] Join the process group (one process: a group of one, the same program)
-    backend = {"cuda": "nccl", "xpu": "xccl"}.get(gpu, "gloo") if args.backend == "auto" \
-        else args.backend
-    wait = timedelta(seconds=args.dist_timeout)  # (torchrun --max-restarts: a restarted attempt
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")  # meets on keys of its own)
-    store = dist.HashStore() if world_size == 1 else None if attempt == "0" else dist.PrefixStore(
-        attempt, next(dist.rendezvous("env://", rank, world_size, timeout=wait))[0])
+    backend = args.backend
+    if backend == "auto":
+        backend = {"cuda": "nccl", "xpu": "xccl"}.get(gpu, "gloo")  # gloo between CPUs
+    wait = timedelta(seconds=args.dist_timeout)
+    store = meeting_place(rank, world_size, wait)
     dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=wait, store=store)
     log.configure(rank, local_rank, args.log_all_ranks)
     log_dir = [args.log_dir or log.default_log_dir("transformer-ep")]  # rank 0's time
@@ -143,9 +164,7 @@ def main(args):
     share = args.experts // world_size  # (text.Parser checked that it divides)
     mine = range(rank * share, (rank + 1) * share)
     if world_size > 1:
-        for block in model.blocks:
-            block.mlp.experts = nn.ModuleList(block.mlp.experts[i] for i in mine)
-            block.mlp.compute = expert_parallel(block.mlp, dist.group.WORLD)
+        apply_ep(model, mine, dist.group.WORLD)
     log.info(f"{FRAMEWORK}: {world_size} rank(s) via {launcher}, experts {mine.start}-"
              f"{mine.stop - 1} of {args.experts} on rank {rank}, top-{args.top_k}, capacity "
              f"{model.blocks[0].mlp.capacity} tokens of a sequence per expert, device {device}, "

@@ -64,6 +64,31 @@ def who_am_i():
     return 0, 0, 1, 1, "python"
 
 
+def meeting_place(rank, world_size, wait):
+    """The store the ranks meet in (no step of the recipe). One process: a store of its own, a
+    group of one. torchrun --max-restarts starts a failed job again on the same store: a restarted
+    attempt keeps its keys apart, or it meets the dead attempt's and waits out --dist-timeout.
+    Otherwise None: init_process_group meets at MASTER_ADDR:MASTER_PORT itself."""
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if world_size == 1:
+        return dist.HashStore()
+    if attempt == "0":
+        return None
+    store, _, _ = next(dist.rendezvous("env://", rank, world_size, timeout=wait))
+    return dist.PrefixStore(attempt, store)
+
+
+def apply_fsdp(model, mesh, bf16):
+    """[5] FSDP2: shard each block, then the rest (the embeddings, the last norm): every parameter
+    becomes a DTensor of which this rank keeps 1/shards (with --replicate, a 2-D mesh: each copy
+    sharded over its ranks). --bf16: weights cast to bf16 for compute, gradients reduced in fp32."""
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if bf16 else None,
+                                  reduce_dtype=torch.float32)
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+
+
 def run_epoch(model, optimizer, tokens, starts, args, device, progress=None):
     """Train on (or, without a progress line, evaluate) the windows at `starts`, in batches."""
     model.train(progress is not None)
@@ -126,12 +151,11 @@ def main(args):
     torch.set_num_threads(threads)
     # [1] Join the process group (one process: a group of one, the same program), then lay the
     #     ranks out: --replicate R copies of the model, each sharded over world_size / R ranks.
-    backend = {"cuda": "nccl", "xpu": "xccl"}.get(gpu, "gloo") if args.backend == "auto" \
-        else args.backend
-    wait = timedelta(seconds=args.dist_timeout)  # (torchrun --max-restarts: a restarted attempt
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")  # meets on keys of its own)
-    store = dist.HashStore() if world_size == 1 else None if attempt == "0" else dist.PrefixStore(
-        attempt, next(dist.rendezvous("env://", rank, world_size, timeout=wait))[0])
+    backend = args.backend
+    if backend == "auto":
+        backend = {"cuda": "nccl", "xpu": "xccl"}.get(gpu, "gloo")  # gloo between CPUs
+    wait = timedelta(seconds=args.dist_timeout)
+    store = meeting_place(rank, world_size, wait)
     dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=wait, store=store)
     shards = world_size // args.replicate  # (text.Parser checked that it divides)
     mesh = init_device_mesh(device.split(":")[0], (args.replicate, shards),
@@ -143,18 +167,11 @@ def main(args):
     train, test, about = text.load(args.data_dir, args.download, rank == 0, barrier=dist.barrier)
     config = gpt.Config(context=args.context, layers=args.layers, heads=args.heads,
                         width=args.width, dropout=args.dropout, seed=args.seed)
-    # [5] Build on the meta device (shapes, no memory); shard each block, then the rest (the
-    #     embeddings, the last norm): every parameter becomes a DTensor of which this rank keeps
-    #     1/shards. Then allocate the slices and initialise them (model.py: the same model at any
-    #     world size). --bf16: weights cast to bf16 for compute, gradients reduced in fp32.
+    # [5] Build on the meta device (shapes, no memory), shard it, then allocate the slices and
+    #     initialise them (model.py: the same model at any world size).
     with torch.device("meta"):
         model = gpt.GPT(config)
-    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if args.bf16 else None,
-                                  reduce_dtype=torch.float32)
-    sharding = dict(mesh=mesh if args.replicate > 1 else mesh["shard"], mp_policy=policy)
-    for block in model.blocks:
-        fully_shard(block, **sharding)
-    fully_shard(model, **sharding)
+    apply_fsdp(model, mesh if args.replicate > 1 else mesh["shard"], args.bf16)
     model.to_empty(device=device)
     model.init_weights()
     log.info(f"{FRAMEWORK}: {world_size} rank(s) via {launcher} = {args.replicate} cop(ies) x "

@@ -63,6 +63,20 @@ def who_am_i():
     return 0, 0, 1, 1, "python"
 
 
+def meeting_place(rank, world_size, wait):
+    """The store the ranks meet in (no step of the recipe). One process: a store of its own, a
+    group of one. torchrun --max-restarts starts a failed job again on the same store: a restarted
+    attempt keeps its keys apart, or it meets the dead attempt's and waits out --dist-timeout.
+    Otherwise None: init_process_group meets at MASTER_ADDR:MASTER_PORT itself."""
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if world_size == 1:
+        return dist.HashStore()
+    if attempt == "0":
+        return None
+    store, _, _ = next(dist.rendezvous("env://", rank, world_size, timeout=wait))
+    return dist.PrefixStore(attempt, store)
+
+
 class Stage(nn.Module):
     """One stage of the GPT: its run of blocks; the first also the embeddings, the last the final
     norm and the head (names kept: the stages' state dicts add up to the whole model's)."""
@@ -83,6 +97,26 @@ class Stage(nn.Module):
         for block in self.blocks.values():
             x = block(x)
         return self.head(self.norm(x)) if self.last else x
+
+
+def apply_pp(model, rank, world_size, args, device):
+    """[5] Cut the blocks into stages; keep this rank's (one; two for the interleaved schedules:
+    r and r + N), each wrapped in a PipelineStage; then the schedule that orders their
+    micro-batches' forwards and backwards (it splits each batch into --micro-batches). Returns
+    (the number of stages, this rank's stage numbers, its Stages, their PipelineStages, the
+    schedule)."""
+    kind, per_rank = SCHEDULES[args.schedule]
+    if world_size == 1:
+        per_rank = 1  # one process: one stage, whole
+    stages = world_size * per_rank  # (text.Parser checked that the blocks divide)
+    mine = list(range(rank, stages, world_size))
+    parts = [Stage(model, i, stages) for i in mine]
+    held = [TimedStage(part, i, stages, torch.device(device)) for part, i in zip(parts, mine)]
+    if kind.__name__.startswith("ScheduleInterleaved"):
+        schedule = kind(held, args.micro_batches, loss_fn=gpt.loss_fn)
+    else:
+        schedule = kind(held[0], args.micro_batches, loss_fn=gpt.loss_fn)
+    return stages, mine, parts, held, schedule
 
 
 def run_epoch(parts, held, schedule, optimizer, tokens, starts, args, device, train, wire,
@@ -147,12 +181,11 @@ def main(args):
     threads = args.num_threads or (cores if cores < os.cpu_count() else max(1, cores // local_size))
     torch.set_num_threads(threads)
     # [1] Join the process group (one process: a group of one, the same program)
-    backend = {"cuda": "nccl", "xpu": "xccl"}.get(gpu, "gloo") if args.backend == "auto" \
-        else args.backend
-    wait = timedelta(seconds=args.dist_timeout)  # (torchrun --max-restarts: a restarted attempt
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")  # meets on keys of its own)
-    store = dist.HashStore() if world_size == 1 else None if attempt == "0" else dist.PrefixStore(
-        attempt, next(dist.rendezvous("env://", rank, world_size, timeout=wait))[0])
+    backend = args.backend
+    if backend == "auto":
+        backend = {"cuda": "nccl", "xpu": "xccl"}.get(gpu, "gloo")  # gloo between CPUs
+    wait = timedelta(seconds=args.dist_timeout)
+    store = meeting_place(rank, world_size, wait)
     dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=wait, store=store)
     log.configure(rank, local_rank, args.log_all_ranks)
     log_dir = [args.log_dir or log.default_log_dir("transformer-pp")]  # rank 0's time
@@ -164,17 +197,8 @@ def main(args):
     model = gpt.GPT(config).to(device)  # the same weights on every rank (model.py: seeded)
     x, y = text.windows(train, torch.tensor([0]), args.context)  # a sequence: FLOPs per token
     per_token = gpt.flops_per_token(model, x.to(device), y.to(device))
-    # [5] Cut the blocks into stages; keep this rank's (one; two for the interleaved schedules:
-    #     r and r + N), each wrapped in a PipelineStage; then the schedule that orders their
-    #     micro-batches' forwards and backwards (it splits each batch into --micro-batches).
-    kind, per_rank = SCHEDULES[args.schedule]
-    per_rank = per_rank if world_size > 1 else 1  # (one process: one stage, whole)
-    stages = world_size * per_rank  # (text.Parser checked that the blocks divide)
-    mine = list(range(rank, stages, world_size))
-    parts = [Stage(model, i, stages) for i in mine]
-    held = [TimedStage(part, i, stages, torch.device(device)) for part, i in zip(parts, mine)]
-    schedule = kind(held if kind.__name__.startswith("ScheduleInterleaved") else held[0],
-                    args.micro_batches, loss_fn=gpt.loss_fn)
+    # [5] Cut the blocks into stages, keep this rank's, and the schedule that runs them.
+    stages, mine, parts, held, schedule = apply_pp(model, rank, world_size, args, device)
     last = (stages - 1) % world_size  # the rank of the last stage (the first's: rank 0)
     args.tie_group = dist.new_group(sorted({0, last}))
     log.info(f"{FRAMEWORK}: {world_size} rank(s) via {launcher}, {stages} stage(s) of "

@@ -41,23 +41,6 @@ from transformer.measure import WireBytes  # counts what this rank hands to coll
 from utils import log  # the course's helper: rank 0's lines and run files
 
 FRAMEWORK = "transformer-tp"
-# [5] Megatron's layout for a block. Column-parallel: each rank computes some of the outputs (of
-#     q, k, v: whole heads). Row-parallel: each rank multiplies the inputs it holds, and the
-#     partial sums are added over the ranks. Sequence parallel: between them (the norms, the
-#     residual stream) each rank holds T/tp of the tokens: an all-gather of the sequence before
-#     attention and the MLP, a reduce-scatter (sum, then each its tokens) after.
-GATHER = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
-BLOCK = {"norm1": SequenceParallel(), "attn": GATHER,
-         "attn.q": ColwiseParallel(), "attn.k": ColwiseParallel(), "attn.v": ColwiseParallel(),
-         "attn.proj": RowwiseParallel(output_layouts=Shard(1)),
-         "norm2": SequenceParallel(), "mlp": GATHER,
-         "mlp.0": ColwiseParallel(), "mlp.2": RowwiseParallel(output_layouts=Shard(1))}
-# The embeddings, the last norm and the (tied) head stay whole on every rank: the first block
-# takes its T/tp of the tokens (no send), the last norm gathers them all again.
-EDGES = {"blocks.0": PrepareModuleInput(input_layouts=(Replicate(),),
-                                        desired_input_layouts=(Shard(1),), use_local_output=True),
-         "norm": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
-                                    use_local_output=True)}
 # What each launcher sets: rank, local rank, world size, ranks on this node.
 LAUNCHERS = {"torchrun": ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"),
              "mpiexec (PALS)": ("PALS_RANKID", "PALS_LOCAL_RANKID", "PMI_SIZE", "PALS_LOCAL_SIZE"),
@@ -77,6 +60,52 @@ def who_am_i():
             return (int(e[rank]), int(e.get(local, 0)), int(e[size]),
                     int(local_sizes.split("(")[0].split(",")[0]), name)
     return 0, 0, 1, 1, "python"
+
+
+def meeting_place(rank, world_size, wait):
+    """The store the ranks meet in (no step of the recipe). One process: a store of its own, a
+    group of one. torchrun --max-restarts starts a failed job again on the same store: a restarted
+    attempt keeps its keys apart, or it meets the dead attempt's and waits out --dist-timeout.
+    Otherwise None: init_process_group meets at MASTER_ADDR:MASTER_PORT itself."""
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if world_size == 1:
+        return dist.HashStore()
+    if attempt == "0":
+        return None
+    store, _, _ = next(dist.rendezvous("env://", rank, world_size, timeout=wait))
+    return dist.PrefixStore(attempt, store)
+
+
+def apply_tp(model, tp_mesh):
+    """[5] Split every block over the tp ranks in Megatron's layout; each rank keeps its slices
+    of the weights, as DTensors. Column-parallel: each rank computes some of the outputs (of q, k,
+    v: whole heads). Row-parallel: each rank multiplies the inputs it holds, and the partial sums
+    are added over the ranks. Sequence parallel: between them (the norms, the residual stream)
+    each rank holds T/tp of the tokens: an all-gather of the sequence before attention and the
+    MLP, a reduce-scatter (sum, then each its tokens) after."""
+    gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+    block_plan = {"norm1": SequenceParallel(), "attn": gather,
+                  "attn.q": ColwiseParallel(), "attn.k": ColwiseParallel(),
+                  "attn.v": ColwiseParallel(), "attn.proj": RowwiseParallel(output_layouts=Shard(1)),
+                  "norm2": SequenceParallel(), "mlp": gather,
+                  "mlp.0": ColwiseParallel(), "mlp.2": RowwiseParallel(output_layouts=Shard(1))}
+    for block in model.blocks:
+        parallelize_module(block, tp_mesh, block_plan)
+    # The embeddings, the last norm and the (tied) head stay whole on every rank: the first block
+    # takes its T/tp of the tokens (no send), the last norm gathers them all again.
+    edges = {"blocks.0": PrepareModuleInput(input_layouts=(Replicate(),),
+                                            desired_input_layouts=(Shard(1),), use_local_output=True),
+             "norm": PrepareModuleInput(input_layouts=(Shard(1),),
+                                        desired_input_layouts=(Replicate(),), use_local_output=True)}
+    parallelize_module(model, tp_mesh, edges)
+
+
+def apply_fsdp(model, dp_mesh):
+    """[5] --dp > 1: shard what each rank holds over the dp ranks with FSDP2 (2-D parallel; fsdp.py
+    teaches FSDP2 alone): each block, then the rest."""
+    for block in model.blocks:
+        fully_shard(block, mesh=dp_mesh)
+    fully_shard(model, mesh=dp_mesh)
 
 
 def run_epoch(model, optimizer, tokens, starts, args, device, progress=None, wire=None):
@@ -138,12 +167,11 @@ def main(args):
     torch.set_num_threads(threads)
     # [1] Join the process group (one process: a group of one), then lay the ranks out as dp x tp:
     #     ranks 0..tp-1 hold one copy of the model between them, the next tp ranks the next copy.
-    backend = {"cuda": "nccl", "xpu": "xccl"}.get(gpu, "gloo") if args.backend == "auto" \
-        else args.backend
-    wait = timedelta(seconds=args.dist_timeout)  # (torchrun --max-restarts: a restarted attempt
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")  # meets on keys of its own)
-    store = dist.HashStore() if world_size == 1 else None if attempt == "0" else dist.PrefixStore(
-        attempt, next(dist.rendezvous("env://", rank, world_size, timeout=wait))[0])
+    backend = args.backend
+    if backend == "auto":
+        backend = {"cuda": "nccl", "xpu": "xccl"}.get(gpu, "gloo")  # gloo between CPUs
+    wait = timedelta(seconds=args.dist_timeout)
+    store = meeting_place(rank, world_size, wait)
     dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=wait, store=store)
     dp, tp = args.dp, world_size // args.dp  # (text.Parser checked that it divides, and heads)
     mesh = init_device_mesh(device.split(":")[0], (dp, tp), mesh_dim_names=("dp", "tp"))
@@ -158,16 +186,11 @@ def main(args):
     model = gpt.GPT(config).to(device)  # the same weights on every rank (model.py: seeded)
     x, y = text.windows(train, torch.tensor([0]), args.context)  # a sequence: FLOPs per token
     per_token = gpt.flops_per_token(model, x.to(device), y.to(device))  # (the whole model's)
-    # [5] Split each block over the tp ranks (each keeps its slices of the weights, as DTensors),
-    #     then --dp > 1: shard what each rank holds over the dp ranks with FSDP2 (2-D parallel).
+    # [5] Split each block over the tp ranks, then shard what each holds over the dp ranks.
     if tp > 1:
-        for block in model.blocks:
-            parallelize_module(block, mesh["tp"], BLOCK)
-        parallelize_module(model, mesh["tp"], EDGES)
+        apply_tp(model, mesh["tp"])
     if dp > 1:
-        for block in model.blocks:
-            fully_shard(block, mesh=mesh["dp"])
-        fully_shard(model, mesh=mesh["dp"])
+        apply_fsdp(model, mesh["dp"])
     log.info(f"{FRAMEWORK}: {world_size} rank(s) via {launcher} = {dp} dp x {tp} tp, device "
              f"{device}, backend {backend}, {threads} thread(s) per rank\n{about}\nmodel: {config}")
     # [4] Scale the LR with the *different* sequences per step: dp (a copy's tp ranks share them).
