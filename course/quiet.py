@@ -57,7 +57,8 @@ TF_IMPORT_NOISE = (r"^WARNING: All log messages before absl::InitializeLog\(\) i
 # in one line ("found no rank 0 at ADDR:PORT").
 C10D_CONNECT_NOISE = (r"^frame #\d+: |^Exception raised from |^<omitting python frames>|^\s*$"
                       r"|\[c10d\] The client socket has timed out after"
-                      r"|\[c10d\] TCP client failed to connect/validate")
+                      r"|\[c10d\] TCP client failed to connect/validate"
+                      r"|\[c10d\] waitForInput: (poll for )?socket .*(returned 0, likely a timeout|timed out)")
 # Python warnings: (regular expression matched at the start of the message, category).
 WARNINGS = [(r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated",
              FutureWarning),

@@ -44,6 +44,7 @@ def take_log_dir(log_dir, rank, command):
     import time
 
     from course.errors import UserError
+    created = outermost_missing(log_dir)  # what this rank's makedirs creates (None: nothing)
     os.makedirs(log_dir, exist_ok=True)
     fd = os.open(os.path.join(log_dir, LOCK), os.O_RDWR | os.O_CREAT, 0o666)
     try:
@@ -56,9 +57,11 @@ def take_log_dir(log_dir, rank, command):
         os.close(fd)
         raise UserError(f"{log_dir} is in use by another run ({holder}): wait for it to end (then "
                         "--resume continues it), or choose another --log-dir") from None
-    if rank == 0:  # the folder is this run's: removed again if it fails before a result (fresh: it
-        # holds nothing but locks, made by this run's other ranks just now, or by this rank)
-        note_new_folder(log_dir, fresh=lambda folder: all(n == LOCK for n in files_under(folder)))
+    if rank == 0:  # the folder is this run's: removed again if it fails before a result. What this
+        # rank created, or the folder itself if it holds nothing but locks (this run's other ranks
+        # made it just now); never a folder above it that was there before, even an empty one
+        fresh = all(name == LOCK for name in files_under(log_dir))
+        remember_created(created or (os.path.abspath(log_dir) if fresh else None))
         # who holds it, for the refusal's line (past bytes 0..ranks: the locks are apart)
         when = time.strftime("%Y-%m-%d %H:%M:%S")
         os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since {when}: {command}"
@@ -86,17 +89,26 @@ def files_under(folder):
     return [name for _, _, names in os.walk(folder) for name in names]
 
 
-def note_new_folder(path, fresh=lambda folder: False):
-    """Remember the outermost folder of `path` that does not exist yet (or is `fresh`): if the run
-    fails before any result is in it (nothing but config.json and TensorBoard's events), run_main
-    removes it again, so a failed start leaves no debris."""
-    if not path:
-        return
+def outermost_missing(path):
+    """The outermost folder of `path` that does not exist yet (what os.makedirs would create), or
+    None."""
     folder, top = os.path.abspath(path), None
-    while not os.path.lexists(folder) or os.path.isdir(folder) and fresh(folder):
+    while not os.path.lexists(folder):
         top, folder = folder, os.path.dirname(folder)
-    if top and top not in _CREATED:
-        _CREATED.append(top)
+    return top
+
+
+def remember_created(folder):
+    """If the run fails before any result is in `folder` (nothing but config.json and TensorBoard's
+    events), run_main removes it again, so a failed start leaves no debris."""
+    if folder and folder not in _CREATED:
+        _CREATED.append(folder)
+
+
+def note_new_folder(path):
+    """Remember the outermost folder of `path` that does not exist yet (remember_created)."""
+    if path:
+        remember_created(outermost_missing(path))
 
 
 def note_default_log_dir():

@@ -74,6 +74,31 @@ def test_a_hung_rank_ends_the_job_after_the_collective_timeout(tmp_path, script,
 
 
 
+def test_ranks_waiting_for_one_that_never_joined_say_so_at_the_lessons_line(tmp_path):
+    """Ranks 0 and 1 of 3, rank 2 never started: each waits --dist-timeout in init_process_group, then one line
+    that names the lesson's own line of the call (not a frame of the course's plumbing around it) and that a rank
+    never joined; c10d's socket timeouts are not shown. The run's folder, which it made, is removed (no result in
+    it); the empty folder above it, which was there before, is not."""
+    from concurrent.futures import ThreadPoolExecutor
+    port = free_port()
+    (tmp_path / "empty").mkdir()
+
+    def rank(r):
+        env = {"RANK": str(r), "WORLD_SIZE": "3", "LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": "3",
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "TORCHELASTIC_RUN_ID": "test"}
+        return run(python(DDP, "--dist-timeout", "5", "--log-dir", tmp_path / "empty" / "log"), env=env,
+                   timeout=120)
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(rank, (0, 1)))
+    assert (tmp_path / "empty").is_dir() and not (tmp_path / "empty" / "log").exists()
+    for r, result in enumerate(results):
+        assert result.returncode != 0
+        lines = [line for line in result.stderr.strip().splitlines() if not line.startswith("warning: ")]
+        assert len(lines) == 1, result.stderr[-3000:]
+        assert re.match(rf"error: rank {r} waited 5 s.* in init_process_group at DDP/main\.py:\d+ .*a rank that "
+                        r"never joined it", lines[0]), lines[0]
+
+
 @pytest.mark.parametrize("script", [DDP, TP, PP])
 def test_a_rank_with_no_rank_0_anywhere_says_so_in_one_line(tmp_path, script):
     """Rank 1 of 2 started alone (or rank 0 died before it listened): one line naming the address where

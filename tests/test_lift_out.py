@@ -66,6 +66,15 @@ def test_the_helpers_a_lesson_takes_along_are_few_and_small(lesson):
     assert lines <= HELPER_LINES, f"{lesson.name} takes {names} along: {lines} lines (at most {HELPER_LINES})"
 
 
+@pytest.mark.parametrize("page", ["DDP/README.md", "deepspeed/README.md", "utils/README.md"])
+def test_the_helpers_line_count_a_page_quotes_is_the_files(page):
+    """The pages say how many lines a copy takes along: the count of the files themselves, not a typed number."""
+    helpers = helpers_of(ROOT / DS) if page.startswith("deepspeed") else helpers_of(ROOT / DDP)
+    lines = sum(len(p.read_text().splitlines()) for p in helpers)
+    quoted = re.findall(r"(\d+) lines\s+together", (ROOT / page).read_text())
+    assert quoted == [str(lines)], f"{page} quotes {quoted}; the helpers have {lines} lines"
+
+
 @pytest.fixture(scope="module")
 def lifted(tmp_path_factory):
     """Each lesson copied alone as main.py (with the JSON files of its folder: DeepSpeed's config),

@@ -13,6 +13,7 @@ from support import (
     GPT_QUICK,
     GPT_SMALL,
     LONG,
+    ROOT,
     assert_each_rank_refused,
     check,
     metrics,
@@ -191,17 +192,19 @@ def test_a_checkpoint_of_4_ranks_continues_on_2_and_on_1_as_if_never_stopped(one
     copies continue at 2 ranks and at 1 (the same global batch: 8 sequences), each rank reading the slices its
     new shards cover, AdamW's moments included: epoch 2 ends as the uninterrupted run's, losses and weights.
     A checkpoint of another model shape is one line naming the flag, on every rank, before any step."""
+    # the LR as the page gives it ([4] multiplies --lr by the ranks): the one process's 3e-3 at every size
+    scaled = [flag for flag in SHARDED if flag != "--no-lr-scaling"]
     four = tmp_path / "four"
-    check(run(warm(4, FSDP, *SHARDED[:-1], "--epochs", "1", "--batch-size", "2", "--log-dir", four),
-              timeout=300))
+    check(run(warm(4, FSDP, *scaled[:-1], "--epochs", "1", "--batch-size", "2", "--lr", "0.00075", "--log-dir",
+                   four), timeout=300))
     saved = four / "checkpoints"
     assert (saved / "latest").read_text() == "epoch1"
     assert len(list((saved / "epoch1").glob("*.distcp"))) == 4 and (saved / "epoch1" / ".metadata").is_file()
     for ranks, launch in ((2, lambda *a: warm(2, FSDP, *a)), (1, lambda *a: warm(1, FSDP, *a))):
         log_dir = tmp_path / f"at{ranks}"
         shutil.copytree(four, log_dir)
-        result = check(run(launch(*SHARDED, "--batch-size", str(8 // ranks), "--resume", "--log-dir", log_dir),
-                           timeout=300))
+        result = check(run(launch(*scaled, "--batch-size", str(8 // ranks), "--lr", f"{0.003 / ranks:g}",
+                                  "--resume", "--log-dir", log_dir), timeout=300))
         assert f"resumed from {log_dir / 'checkpoints' / 'epoch1'} on {ranks} rank(s): epoch 2" in result.stdout
         assert [m["world_size"] for m in metrics(log_dir)] == [4, ranks]
         assert_same_training(log_dir, one_process, f"resumed at {ranks}")
@@ -213,6 +216,22 @@ def test_a_checkpoint_of_4_ranks_continues_on_2_and_on_1_as_if_never_stopped(one
     result = run(warm(2, FSDP, *wider, "--log-dir", tmp_path / "wider"), timeout=120)
     assert_each_rank_refused(result, f"--width 32: {saved / 'epoch1'} is of width 64", 2, "warm")
     assert not (tmp_path / "wider").exists()
+
+
+def test_the_pages_resume_at_another_world_size_keeps_the_global_batch_and_the_lr():
+    """transformer/README.md's commands: every part of the run takes the same global batch (--batch-size x ranks)
+    and the same LR (--lr x ranks, [4]), the two things the test above holds equal."""
+    import re
+    page = (ROOT / "transformer" / "README.md").read_text()
+    commands = re.findall(r"^\$ torchrun --nproc_per_node (\d+) transformer/fsdp.py (.*?)(?:\s+#.*)?$", page, re.M)
+    parts = [(int(n), flags.split()) for n, flags in commands if "--log-dir runs/gpt" in flags]
+    assert len(parts) >= 2 and any("--resume" in flags for _, flags in parts), commands
+
+    def flag(flags, name, default):
+        return float(flags[flags.index(name) + 1]) if name in flags else default
+    batches = {n * flag(flags, "--batch-size", 16) for n, flags in parts}
+    lrs = {round(n * flag(flags, "--lr", 3e-3), 12) for n, flags in parts if "--no-lr-scaling" not in flags}
+    assert len(batches) == 1 and len(lrs) == 1, (batches, lrs)
 
 
 @pytest.mark.parametrize("flags, words", [
