@@ -11,9 +11,10 @@ import os
 import sys
 import time
 
-from course import beacon, watch
+from course import beacon, scratch, watch
 from course.errors import NonFiniteLoss, UserError, checkpoint_problem, fail, say
-from course.runfiles import chosen_log_dir, epochs_done, has_checkpoint, holder_of, remove_debris
+from course.ranks import discover
+from course.runfiles import chosen_log_dir, epochs_done, has_checkpoint, holder_of, remove_debris, write_ending
 from utils import log
 from utils.data import DataError
 
@@ -38,7 +39,6 @@ HANGS_PAGE = "diagnose/hangs.md"
 
 def _rank():
     """This rank's number, from the launcher's variables (what the lesson was given too)."""
-    from course.ranks import discover
     return discover().rank
 
 
@@ -241,9 +241,9 @@ def _leave_finished():
 def _quit(line, code, prefix="error"):
     """One line, then out at once: a rank whose peers are gone must not wait in the libraries' exit
     hooks."""
-    from course.scratch import remove_private_tmp
     remove_debris()
-    remove_private_tmp()  # (os._exit runs no atexit hook)
+    write_ending(f"{prefix}: {line}", code, _rank())  # (in the folder of a run that trained)
+    scratch.remove_private_tmp()  # (os._exit runs no atexit hook)
     sys.stdout.flush()
     say(line, prefix)
     beacon.linger(_rank())  # rank 0 holding the store: until the others have read it

@@ -73,11 +73,12 @@ def install():
 def run_main(main, parser):
     """main(args) with the flags checked, every ending one line (course/failures.py), and nothing
     done for --resume auto on a run that has finished."""
-    from course import checks, failures
+    from course import checks, failures, runfiles
 
     def checked_main():
         args = checks.parse(parser)
         checks.take_log_dir(args)  # one run per folder: a second one on it is refused
+        runfiles.tell_what_is_there(args)  # a folder whose run ended badly: what this run does
         checks.remember_flags(args, parser)  # --resume: the saved run's flags, unless given anew
         _before_main(args)
         if not checks.finished_already(args):

@@ -29,6 +29,7 @@ def epochs_done(log_dir):
         return 0
 
 
+ENDING = "ending.txt"  # a run that trained, then ended badly: the line each rank ended with
 LOCK = ".lock"  # a run's folder: byte r locked by rank r while it runs; the holder written in
 _HELD = []  # the open lock file: the lock lasts as long as the process, and dies with it
 
@@ -127,11 +128,12 @@ def _holds_results(folder):
 
 def remove_debris():
     """Remove the folders this run created and left without a result (rank 0 made them; rank 0
-    removes)."""
+    removes), if it never took a training step: a run that trained, then failed or was stopped,
+    keeps its folder as evidence (config.json, its event files, ending.txt)."""
     import shutil
 
     from course.ranks import discover
-    if discover().rank != 0:
+    if discover().rank != 0 or watch.POSITION:  # a run that took a training step keeps its folder
         return
     chosen = [chosen_log_dir()] if _DEFAULT_DIR and chosen_log_dir() else []
     for folder in _CREATED + chosen:
@@ -142,3 +144,28 @@ def remove_debris():
 def chosen_log_dir():
     """The folder of this run's files, once the lesson has opened it (None before)."""
     return watch.RUN_DIR[0] if watch.RUN_DIR else None
+
+
+def write_ending(line, code, rank):
+    """Each rank's one line, appended to the folder of a run that ended badly (when, which rank, the
+    exit code), if the folder is still there (remove_debris keeps a run that trained)."""
+    import time
+    folder = chosen_log_dir()
+    if folder and os.path.isdir(folder):
+        with open(os.path.join(folder, ENDING), "a") as f:
+            f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} rank {rank}, exit {code}: {line}\n")
+
+
+def tell_what_is_there(args):
+    """A new run in the folder of one that ended badly: rank 0 says how it ended and what this run
+    does with it; the ending then goes (the folder is this run's)."""
+    from course.ranks import discover
+    log_dir = getattr(args, "log_dir", None)
+    path = os.path.join(log_dir or "", ENDING)
+    if discover().rank != 0 or not os.path.isfile(path):
+        return
+    with open(path) as f:
+        lines = f.read().splitlines() or ["(empty)"]
+    print(f"{log_dir} holds a run that ended badly ({ENDING}: {lines[0]}); this run continues it with "
+          "--resume, else starts at epoch 1 and replaces its files", flush=True)
+    os.remove(path)

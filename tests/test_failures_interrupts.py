@@ -1,7 +1,8 @@
 """Ctrl-C (SIGINT to the whole job) and a scheduler's walltime warning (SIGTERM): every rank stops
 within seconds with one line (where it stopped, the last good checkpoint, "rerun with --resume
 auto"), the conventional exit code, no traceback through the lessons, and the checkpoint loads
-again. Also: a run stopped before its first result leaves no folder behind."""
+again. Also: a run stopped after it trained, before its first result, keeps its folder with how each rank
+ended."""
 
 import os
 import re
@@ -20,11 +21,13 @@ from support import (
     HVD_TF,
     HVD_TORCH,
     ROOT,
+    check,
     deepspeed_launcher,
     error_lines,
     horovodrun,
     kill_tree,
     mpiexec,
+    python,
     ranks_of,
     run,
     stopped_epoch,
@@ -155,6 +158,10 @@ def test_a_signal_stops_every_rank_in_one_line_and_the_checkpoint_resumes(
     elif launcher is not horovodrun:  # torchrun: 1; the deepspeed launcher: ended by the signal
         assert rc != 0, (rc, after[-3000:])
     # (horovodrun: usually 1, but 0 when Horovod's two waiters for a rank's shell race: diagnose/hangs.md)
+    # the folder keeps how each rank ended (ending.txt), and the rerun says what it found there
+    ended = (tmp_path / "log" / "ending.txt").read_text().splitlines()
+    assert sorted(int(re.search(r" rank (\d), exit ", line).group(1)) for line in ended) == [0, 1], ended
+    assert all("stopped: rank" in line and sig.name in line for line in ended), ended
     # the checkpoint is intact: the same job continues from it
     resumed = run(
         launcher(
@@ -175,13 +182,25 @@ def test_a_signal_stops_every_rank_in_one_line_and_the_checkpoint_resumes(
     )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"continuing at epoch {epoch}" in resumed.stdout
+    assert f"{tmp_path / 'log'} holds a run that ended badly (ending.txt: " in resumed.stdout
+    assert not (tmp_path / "log" / "ending.txt").exists()  # the folder is the new run's
 
 
-def test_stopped_before_the_first_epoch_leaves_no_folder(tmp_path):
+def test_stopped_in_the_first_epoch_keeps_its_folder_as_evidence(tmp_path):
+    """Stopped after it trained, before any checkpoint: the folder stays (config.json, the event files, each
+    rank's line in ending.txt), and the lock goes with the processes: a rerun takes the folder, says what it
+    found, and starts at epoch 1. (A start that never trained leaves nothing: tests/test_failures_bad_*.py.)"""
     rc, took, after, _ = interrupt(tmp_path, DDP, mpiexec, signal.SIGINT, r"epoch 1 step 5/")
     assert rc == 130
     assert after.count("no checkpoint written yet: a rerun starts at epoch 1") == 2, after
-    assert not (tmp_path / "log").exists(), list((tmp_path / "log").rglob("*"))
+    log_dir = tmp_path / "log"
+    assert (log_dir / "config.json").is_file() and list(log_dir.glob("events.out.tfevents.*"))
+    ended = (log_dir / "ending.txt").read_text().splitlines()
+    assert len(ended) == 2 and all("exit 130: stopped: rank" in line for line in ended), ended
+    rerun = check(run(python(DDP, "--epochs", "1", "--max-steps", "2", "--num-threads", "1", "--log-dir", log_dir),
+                      timeout=120))
+    assert f"{log_dir} holds a run that ended badly (ending.txt: " in rerun.stdout
+    assert "starts at epoch 1" in rerun.stdout and not (log_dir / "ending.txt").exists()
 
 
 RACE = """

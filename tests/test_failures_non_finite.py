@@ -57,5 +57,8 @@ def test_every_lesson_stops_at_a_non_finite_loss_before_any_checkpoint(tmp_path,
     assert re.search(r"rank 0 stopped: the (training|test) loss is (nan|inf)", errors[0]), errors[0]
     assert "no checkpoint was written" in errors[0]
     assert "Traceback" not in result.stderr
-    assert not (tmp_path / "run" / "checkpoints").exists()  # (a run without a result leaves no folder)
+    assert not (tmp_path / "run" / "checkpoints").exists()
+    # it trained before the loss turned: the folder stays, with the line it ended with
+    (ended,) = (tmp_path / "run" / "ending.txt").read_text().splitlines()
+    assert "rank 0, exit 1: error: " + errors[0][len("error: "):] in ended, ended
     print(f"\n[{script}] {errors[0]}")
