@@ -207,6 +207,27 @@ def test_a_module_that_loads_no_framework_is_one_line_before_any_launch(tmp_path
         assert not shim_launches(tmp_path)
 
 
+@pytest.mark.parametrize("machine", PBS)
+def test_a_module_that_does_not_load_is_one_line_that_says_what_to_try(tmp_path, machine):
+    """`module load` itself fails (an unknown module, or one whose dependencies a system update removed): the
+    module system's own lines, then the job's one error line naming the module and MODULE=, before any launch."""
+    broken = tmp_path / "broken-bin"
+    broken.mkdir()
+    (broken / "module").write_text('#!/bin/bash\n[[ $1 == load ]] || exit 0\n'
+                                   'echo "Lmod has detected the following error: These module(s) or extension(s) '
+                                   'exist but cannot be loaded as requested: \\"$2\\"" >&2\nexit 1\n')
+    (broken / "module").chmod(0o755)
+    env = scheduler_env(machine, tmp_path, 1)
+    env.update(PATH=f"{broken}:{env['PATH']}")
+    result = run(job_command(SUB / machine / "train.sh", tmp_path), env=env, timeout=60)
+    assert result.returncode != 0
+    module = {"aurora": "frameworks/2025.3.1", "polaris": "conda/2025-09-25", "sophia": "conda"}[machine]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert errors == [result.stderr.splitlines()[-1]] and len(errors) == 1, result.stderr
+    assert errors[0].startswith(f"error: 'module load {module}' failed") and "MODULE=" in errors[0], errors[0]
+    assert not shim_launches(tmp_path)
+
+
 def test_bad_example_and_missing_node_file_are_one_line_errors(tmp_path):
     result, _ = job("polaris", tmp_path, 1, EXAMPLE="tensorflow")
     assert result.returncode != 0
