@@ -112,6 +112,18 @@ def test_the_split_lessons_meet_in_the_same_place():
     assert len(sources) == 1
 
 
+@pytest.mark.parametrize("script", sorted({*LESSONS, *(str(p.relative_to(ROOT)) for folder in ("transformer", "zero")
+                                                      for p in (ROOT / folder).glob("*.py"))}))
+def test_lessons_are_written_plainly(script):
+    """One statement per line, as the anchors write: no conditional expression used as a statement (`f() if c
+    else None`) and no walrus, in a lesson or a module of its chapter."""
+    import ast
+    tree = ast.parse((ROOT / script).read_text())
+    compressed = [node.lineno for node in ast.walk(tree) if isinstance(node, ast.NamedExpr)
+                  or isinstance(node, ast.Expr) and isinstance(node.value, ast.IfExp)]
+    assert compressed == [], f"{script}: lines {compressed}"
+
+
 def test_nothing_a_lesson_imports_reads_a_test_variable():
     for path in (ROOT / "utils").glob("*.py"):
         text = path.read_text()

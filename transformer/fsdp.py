@@ -238,7 +238,8 @@ def main(args):
             {"model": model_state, "optim": optim_state, "meta": {"epoch": epoch, "shape": shape}},
             checkpoint_id=folder / f"epoch{epoch}", process_group=saver)
         marking = marker.submit(mark, f"epoch{epoch}", saving, folder, rank, kept)
-    marking.result() if marking else None  # the last save whole and marked
+    if marking:
+        marking.result()  # the last save whole and marked
     tokens_per_s = run.history[-1]["samples_per_s"] / world_size if run.history else 0.0
     peak = gpt.matmul_peak(device)
     mfu = tokens_per_s * per_token / peak

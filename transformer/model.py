@@ -135,8 +135,10 @@ class GPT(nn.Module):
         draw = torch.Generator().manual_seed(self.config.seed)
         for name, p in self.named_parameters():
             full = torch.empty(p.shape)
-            if p.dim() == 1:  # biases zero, LayerNorm scales one
-                nn.init.ones_(full) if name.endswith("weight") else nn.init.zeros_(full)
+            if p.dim() == 1 and name.endswith("weight"):  # LayerNorm scales one
+                nn.init.ones_(full)
+            elif p.dim() == 1:  # biases zero
+                nn.init.zeros_(full)
             else:  # residual projections scaled down by the depth
                 std = 0.02 / math.sqrt(2 * self.config.layers) if name.endswith(
                     ("proj.weight", "mlp.2.weight")) or ".experts." in name and name.endswith(
@@ -205,10 +207,13 @@ def matmul_peak(device, n=1024, seconds=0.5):
     repeated n x n products for about `seconds` (the ceiling MFU is taken against)."""
     a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
     best, end = 0.0, time.perf_counter() + seconds
+    on_gpu = device != "cpu"
     while time.perf_counter() < end:
-        torch.accelerator.synchronize() if device != "cpu" else None
+        if on_gpu:
+            torch.accelerator.synchronize()
         t = time.perf_counter()
         a @ b
-        torch.accelerator.synchronize() if device != "cpu" else None
+        if on_gpu:
+            torch.accelerator.synchronize()  # the product is done, not only queued
         best = max(best, 2 * n**3 / (time.perf_counter() - t))
     return best
