@@ -72,9 +72,10 @@ set -- "${TRAIN_ARGS[@]}" "$@"
 
 # --- environment: PyTorch (xpu, xccl), DeepSpeed and MPI from ALCF's frameworks module ------------
 MODULE=${MODULE:-frameworks/2025.3.1}  # the version ALCF's PyTorch guide shows (read 2026-11-27)
-step module load "$MODULE" || fail "'module load $MODULE' failed (the module system's lines above):" \
-  "see 'module avail ${MODULE%%/*}' and give another with MODULE=... (a system update can leave a module" \
-  "unloadable until ALCF rebuilds it)"
+step module load "$MODULE" \
+  || fail "'module load $MODULE' failed (the module system's lines above):" \
+  "see 'module avail ${MODULE%%/*}' and give another with MODULE=..." \
+  "(a system update can leave a module unloadable until ALCF rebuilds it)"
 refuse_laptop_venv aurora
 # pure-Python extras the module lacks (tensorboardX, mlxtend): VENV, a venv on top of the module,
 # made with --system-site-packages (ALCF's python.md): torch and MPI stay the module's

@@ -71,9 +71,10 @@ set -- "${TRAIN_ARGS[@]}" "$@"
 # conda/2025-09-25: the default since 2025-10-24 (polaris/system-updates.md, read 2026-11-27)
 MODULE=${MODULE:-conda/2025-09-25}
 step module use /soft/modulefiles
-step module load "$MODULE" || fail "'module load $MODULE' failed (the module system's lines above):" \
-  "see 'module avail ${MODULE%%/*}' and give another with MODULE=... (a system update can leave a module" \
-  "unloadable until ALCF rebuilds it)"
+step module load "$MODULE" \
+  || fail "'module load $MODULE' failed (the module system's lines above):" \
+  "see 'module avail ${MODULE%%/*}' and give another with MODULE=..." \
+  "(a system update can leave a module unloadable until ALCF rebuilds it)"
 step conda activate
 refuse_laptop_venv polaris
 # pure-Python extras the module lacks (tensorboardX, mlxtend): VENV, a venv on top of the module,

@@ -65,9 +65,10 @@ set -- "${TRAIN_ARGS[@]}" "$@"
 # --- environment: PyTorch, TensorFlow, Horovod, DeepSpeed and Open MPI from ALCF's conda module ---
 MODULE=${MODULE:-conda}  # Sophia's guide names no version (read 2026-11-27): see module avail conda
 step module use /soft/modulefiles
-step module load "$MODULE" || fail "'module load $MODULE' failed (the module system's lines above):" \
-  "see 'module avail ${MODULE%%/*}' and give another with MODULE=... (a system update can leave a module" \
-  "unloadable until ALCF rebuilds it)"
+step module load "$MODULE" \
+  || fail "'module load $MODULE' failed (the module system's lines above):" \
+  "see 'module avail ${MODULE%%/*}' and give another with MODULE=..." \
+  "(a system update can leave a module unloadable until ALCF rebuilds it)"
 step conda activate base
 refuse_laptop_venv sophia
 # pure-Python extras the module lacks (tensorboardX, mlxtend): VENV, a venv on top of the module,
