@@ -16,6 +16,7 @@ for gloo the course does it itself. Horovod under mpiexec has no store: stacks.p
 import contextlib
 import json
 import os
+import re
 import socket
 import threading
 import time
@@ -190,3 +191,17 @@ def linger(me, wait_s=5.0):
 
 def _rank_0_holds_it():  # (torchrun's agent and horovodrun hold the store themselves)
     return not any(v in os.environ for v in ("TORCHELASTIC_RUN_ID", "HOROVOD_GLOO_RENDEZVOUS_ADDR"))
+
+
+def never_joined(text, rank):
+    """Who never joined, as far as the timeout's own text tells: gloo waits for the key each rank
+    publishes (`.../0/K`, as under torchrun, whose agent holds the store), and rank 0, holding the
+    store itself (mpiexec, srun), counts the ranks that reached it ("2/3 clients joined")."""
+    keys = re.search(r"keys: (\S+)", text)
+    missing = sorted({int(k) for k in re.findall(r"/(\d+)(?=[,\]\s]|$)", keys.group(1))}) if keys else []
+    if missing and 0 not in missing and rank not in missing:  # (rank 0's key: it waits itself)
+        return f"rank {', '.join(map(str, missing))}, which never joined it"
+    if counted := re.search(r"(\d+)/(\d+) clients joined", text):
+        joined, size = map(int, counted.groups())
+        return f"{size - joined} of the {size} ranks, which never joined it"
+    return "a rank that never joined it"

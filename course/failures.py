@@ -128,7 +128,7 @@ def _peer_line(exc):
         absent = re.search(r"Rank (\d+) failed to pass monitoredBarrier", str(exc))
         named = None if absent else beacon.absent(rank)  # the ranks' keys in the store
         who = (f"rank {absent.group(1)}, which never arrived" if absent else named or
-               "a rank that never joined it")
+               beacon.never_joined(str(exc), rank))
         return f"rank {rank} waited {waited} {call}{_where()} for {who} {hung}"
     if named := beacon.absent(rank):  # a rank that gave up waiting for a silent one has left
         return (f"rank {rank} lost contact with another rank {call}{_where()}: the ranks gave up "

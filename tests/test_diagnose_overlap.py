@@ -3,7 +3,7 @@ ceiling (no communication) in one run, and the compressed DDP hooks trained on r
 
 import json
 
-from support import assert_each_rank_refused, check, run, torchrun
+from support import assert_each_rank_refused, check, run, torchrun, warm
 
 TOOL = "diagnose/overlap.py"
 
@@ -12,7 +12,7 @@ def test_variants_run_and_the_compression_hooks_still_learn(tmp_path):
     out = tmp_path / "overlap.json"
     variants = ["none", "per-param", "flat", "ddp", "ddp-cap25", "ddp-fp16", "ddp-powersgd"]
     result = run(
-        torchrun(
+        warm(
             2,
             TOOL,
             "--variants",

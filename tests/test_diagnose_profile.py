@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from support import DDP, GPT_SMALL, ROOT, check, error_lines, run
+from support import DDP, GPT_SMALL, ROOT, TP, check, error_lines, run, warm
 from tools.launch import launch_command
 
 sys.path.append(str(ROOT / "diagnose"))
@@ -146,11 +146,8 @@ def test_the_tensor_parallel_lessons_collectives_are_the_ones_it_counts_itself(t
     summary.json: per block and step the all-gathers of the sequence's halves (S: both ranks' parts), the
     reduce-scatters of the row-parallel outputs (gloo runs each as an all-reduce of the whole tensor, as ZeRO-3's
     row below shows), and the all-reduces of the norms' gradients."""
-    cmd = launch_command("transformer-tp", 2, "torchrun", [*GPT_SMALL, *SHORT, "--batch-size", "4", "--log-dir",
-                                                           tmp_path / "run"], wrapper=PROFILE)
-    at = cmd.index(str(PROFILE)) + 1
-    cmd[at:at] = ["--out", str(tmp_path / "trace")]
-    check(run(cmd, timeout=300))
+    check(run(warm(2, PROFILE, "--out", tmp_path / "trace", ROOT / TP, *GPT_SMALL, *SHORT, "--batch-size", "4",
+                   "--log-dir", tmp_path / "run"), timeout=300))
     fit = tmp_path / "fit.json"
     fit.write_text(json.dumps({"fit": {"alpha_s": 1e-3, "beta_Bps": 1e9}}))
     result = check(run([sys.executable, PROFILE, "summary", tmp_path / "trace", "--no-mfu", "--fit", fit,

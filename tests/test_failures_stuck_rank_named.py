@@ -98,3 +98,17 @@ def test_the_ranks_that_waited_name_the_stuck_rank_and_its_last_step(tmp_path, l
         assert len(mine) == 1 and re.match(said + ".*" + named, mine[0]), output[-4000:]
     assert_no_traceback_through_the_example(output)
     assert_log_dir_sound(tmp_path / "log")
+
+
+def test_a_rank_stopped_before_it_joined_is_named_by_the_ranks_that_waited(tmp_path):
+    """Rank 2 of 4 stops as it starts, before init_process_group: the others wait --dist-timeout there and name
+    it (gloo's wait names the key rank 2 never wrote; under torchrun the agent holds the store). Under mpiexec,
+    where rank 0 holds the store and counts the ranks that reached it: test_failures_dead_ranks.py."""
+    rc, output, pid = stuck_job(tmp_path, torchrun, "stop-before-join:2")
+    assert rc != 0 and pid, output[-3000:]
+    for rank in (0, 1, 3):
+        mine = [line for line in error_lines(output) if line.startswith(f"error: rank {rank} ")]
+        assert len(mine) == 1 and re.match(rf"error: rank {rank} waited [89] s in init_process_group at "
+                                           rf"{re.escape(DDP)}:\d+ .*for rank 2, which never joined it", mine[0]), \
+            output[-4000:]
+    assert_no_traceback_through_the_example(output)

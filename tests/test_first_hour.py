@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from support import DDP, DS, HVD_KERAS, HVD_TF, HVD_TORCH, check, run, torchrun
+from support import DDP, DS, HVD_KERAS, HVD_TF, HVD_TORCH, check, run, warm
 
 LESSONS = [DDP, HVD_TORCH, HVD_TF, HVD_KERAS, DS]
 
@@ -21,7 +21,7 @@ def test_a_missing_framework_is_one_line_that_says_how_to_get_it(script):
 
 def test_more_ranks_than_cores_is_one_warning(tmp_path):
     cores = len(os.sched_getaffinity(0))
-    result = check(run(torchrun(cores + 1, DDP, "--epochs", "1", "--max-steps", "2",
+    result = check(run(warm(cores + 1, DDP, "--epochs", "1", "--max-steps", "2",
                                 "--log-dir", tmp_path), timeout=300))
     warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
     assert warnings == [f"warning: {cores + 1} ranks on the {cores} core(s) of this node: ranks share cores, "
@@ -30,9 +30,9 @@ def test_more_ranks_than_cores_is_one_warning(tmp_path):
 
 @pytest.mark.parametrize("script", [DDP, HVD_TORCH])
 def test_gradient_accumulation_says_which_world_it_emulates(tmp_path, script):
-    result = check(run(torchrun(2, script, "--grad-accum", "2", "--epochs", "1", "--max-steps", "2",
-                                "--log-dir", tmp_path) if script == DDP else
-                       [sys.executable, script, "--grad-accum", "3", "--epochs", "1", "--max-steps", "2",
-                        "--log-dir", tmp_path], timeout=300))
+    result = check(run(warm(2, script, "--grad-accum", "2", "--epochs", "1", "--max-steps", "2",
+                            "--log-dir", tmp_path) if script == DDP else
+                       warm(1, script, "--grad-accum", "3", "--epochs", "1", "--max-steps", "2",
+                            "--log-dir", tmp_path), timeout=300))
     expected = "an emulated world of 4" if script == DDP else "an emulated world of 3"
     assert result.stdout.count(expected) == 1, result.stdout[-2000:]

@@ -188,3 +188,12 @@ def install():
 
     if os.environ.get("COURSE_DIE_ON_FILE"):
         threading.Thread(target=_watch, args=(os.environ["COURSE_DIE_ON_FILE"],), daemon=True).start()
+
+
+def stop_before_join():
+    """COURSE_PLANT=stop-before-join:<rank>: that rank stops itself (SIGSTOP) as it starts, before it imports
+    anything (epoch and step ignored): the others wait for it in init_process_group (diagnose/hangs.md)."""
+    plant = _plant()
+    if plant and plant[0] == "stop-before-join" and int(os.environ.get("RANK", "-1")) == plant[1]:
+        print(f"COURSE_PLANT: rank {plant[1]} stops itself (SIGSTOP) before it joins the group", flush=True)
+        os.kill(os.getpid(), signal.SIGSTOP)

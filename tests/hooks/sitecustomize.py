@@ -11,4 +11,5 @@ if any(os.environ.get(v) for v in ("COURSE_FAIL_AT", "COURSE_DIE_IN_WRITE", "COU
     sys.path.append(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     import faults  # tests/hooks/faults.py (this folder is on the path)
 
+    faults.stop_before_join()
     faults.install()
