@@ -2,17 +2,19 @@
 SHA-256 of its files in a SHA256SUMS file beside them (sha256sum's format: `sha256sum -c
 SHA256SUMS` in the folder checks it by hand), and a resume checks them before anything is loaded:
 bytes damaged in place, which leave a file's structure readable, are one line and exit 2, not a
-run that trains on from garbage and overwrites the checkpoint. (TensorFlow's checkpoints carry a
-CRC of every tensor and check it themselves.) A checkpoint without the file (a copied lesson's,
-an older one, a universal checkpoint) is loaded as before.
+run that trains on from garbage and overwrites the checkpoint. A checkpoint without the file (a
+copied lesson's, an older one, a universal checkpoint) is loaded as before.
 
 Asked first by utils/log.py's atomic_write (plumbing.py registers it; a lesson's copy runs without
 it), in an order that a kill at any moment leaves a checkpoint that verifies:
 - checkpoint.pt (DDP, Horovod PyTorch), replaced in place: the new digest is added to the old one
   first, the file renamed into place, then the old digest dropped;
 - DeepSpeed's and FSDP2's folders, one per save: their `latest` names the newest. Before `latest`
-  points at a folder, its files (every rank's, written by then) are listed in its SHA256SUMS.
+  points at a folder, its files (every rank's, written by then) are listed in its SHA256SUMS;
+- TensorFlow's CheckpointManager (course/wrap.py): after each save, the files of the checkpoints it
+  keeps (its own CRCs say "Checksum does not match" from inside RestoreV2, after the ranks began).
 """
+import contextlib
 import hashlib
 import io
 import os
@@ -89,6 +91,8 @@ def verify(folder):
         with open(latest) as f:
             folder = os.path.join(folder, f.read().strip())
     accepted, sums = read_sums(folder), os.path.join(folder, SUMS)
+    if accepted and (newest := _tensorflow_newest(folder)):  # that checkpoint's files only
+        accepted = {name: v for name, v in accepted.items() if name.startswith(f"{newest}.")}
     for name, values in sorted((accepted or {}).items()):
         path = os.path.join(folder, name)
         if not os.path.isfile(path):
@@ -98,3 +102,21 @@ def verify(folder):
             raise UserError(f"checkpoint file {path} is damaged: its bytes are not the ones "
                             f"written (SHA-256 in {sums}): resume from an intact copy, or start "
                             "again without --resume")
+
+
+def seal_tensorflow(folder):
+    """After tf.train.CheckpointManager.save: the SHA-256 of the files of the checkpoints it keeps
+    (ckpt-N.index, ckpt-N.data-...). Its `checkpoint` file, rewritten at each save, names the newest:
+    a kill before the sums are written leaves the newest unlisted, loaded as an unsealed one."""
+    write_sums(folder, [(digest(os.path.join(folder, f)), f) for f in files_of(folder)
+                        if f.startswith("ckpt-")])
+
+
+def _tensorflow_newest(folder):
+    """The newest checkpoint's prefix (`ckpt-2`) a TensorFlow `checkpoint` file names, or None."""
+    with contextlib.suppress(OSError):
+        with open(os.path.join(folder, "checkpoint")) as f:
+            for line in f:
+                if line.startswith("model_checkpoint_path:"):
+                    return os.path.basename(line.split(":", 1)[1].strip().strip('"'))
+    return None

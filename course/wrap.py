@@ -8,14 +8,15 @@ to that); plumbing.run_main calls attach() once the lesson has imported its fram
 - horovod's hvd.init (torch, TensorFlow, Keras): the same position kept, once joined;
 - deepspeed.initialize: deepspeed/main.py's config checked first; the engine's checkpoints written
   atomically and loaded safely (ds_guard.py);
-- c10d.default_pg_timeout: --dist-timeout, also for the process groups DeepSpeed makes itself.
+- c10d.default_pg_timeout: --dist-timeout, also for the process groups DeepSpeed makes itself;
+- tf.train.CheckpointManager.save: the SHA-256 of the checkpoints it keeps (seal.py).
 """
 import contextlib
 import functools
 import sys
 from datetime import timedelta
 
-from course import beacon, quiet
+from course import beacon, quiet, seal
 
 
 def attach(args, deepspeed_config=None):
@@ -28,6 +29,8 @@ def attach(args, deepspeed_config=None):
     for name in ("horovod.torch", "horovod.tensorflow", "horovod.tensorflow.keras"):
         if hvd := sys.modules.get(name):
             _watch_joining(hvd, "init", lambda hvd=hvd: (hvd.rank(), hvd.size()))
+    if tf := sys.modules.get("tensorflow"):
+        _seal_saves(tf.train.CheckpointManager)
     if "deepspeed" in sys.modules:
         group_timeout(timedelta(seconds=args.dist_timeout))  # also the groups DeepSpeed makes
         if deepspeed_config is not None:
@@ -72,6 +75,22 @@ def _guard_initialize(deepspeed, path):
         return out
     checked_initialize.watched = True
     deepspeed.initialize = checked_initialize
+
+
+def _seal_saves(manager_class):
+    """tf.train.CheckpointManager.save (horovod/tensorflow/main.py's [8]), then the SHA-256 of the
+    checkpoints it keeps, checked before --resume restores anything (course/seal.py)."""
+    save = manager_class.save
+    if getattr(save, "watched", False):
+        return
+
+    @functools.wraps(save)
+    def sealed_save(self, *args, **kwargs):
+        path = save(self, *args, **kwargs)
+        seal.seal_tensorflow(self.directory)
+        return path
+    sealed_save.watched = True
+    manager_class.save = sealed_save
 
 
 def group_timeout(timeout):

@@ -104,3 +104,34 @@ def test_the_sums_are_sha256sums_format_and_a_checkpoint_without_them_loads(tmp_
     assert checked.returncode == 0 and checked.stdout.count(": OK") == 3, checked.stdout
     (tmp_path / "epoch1" / "SHA256SUMS").unlink()
     seal.verify(str(tmp_path))  # an older checkpoint, or a copied lesson's: as before
+
+
+def save_tensorflow_style(folder, version, keep=2):
+    """tf.train.CheckpointManager.save's files: ckpt-N.index and ckpt-N.data-*, then its `checkpoint` file naming
+    the newest, and the oldest beyond `keep` deleted (course/wrap.py seals after it returns)."""
+    folder.mkdir(exist_ok=True)
+    (folder / f"ckpt-{version}.index").write_bytes(f"index v{version}".encode() * 100)
+    (folder / f"ckpt-{version}.data-00000-of-00001").write_bytes(f"weights v{version}".encode() * 1000)
+    (folder / "checkpoint").write_text(f'model_checkpoint_path: "ckpt-{version}"\n'
+                                       f'all_model_checkpoint_paths: "ckpt-{version}"\n')
+    for old in folder.glob(f"ckpt-{version - keep}.*"):
+        old.unlink()
+
+
+def test_a_tensorflow_checkpoint_is_sealed_after_each_save_and_damage_names_its_file(tmp_path, monkeypatch):
+    """Its newest checkpoint's files are checked; a kill between TensorFlow's save and the sums leaves the newest
+    unlisted (loaded as an unsealed one) and the deleted oldest listed but not asked for."""
+    sealing_log(monkeypatch)
+    for version in (1, 2):
+        save_tensorflow_style(tmp_path, version)
+        seal.seal_tensorflow(str(tmp_path))
+    seal.verify(str(tmp_path))
+    data = tmp_path / "ckpt-2.data-00000-of-00001"
+    raw = bytearray(data.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    data.write_bytes(bytes(raw))
+    with pytest.raises(UserError, match=f"checkpoint file {data} is damaged"):
+        seal.verify(str(tmp_path))
+    save_tensorflow_style(tmp_path, 3)  # ... and killed before its sums: ckpt-1 (listed) is gone
+    assert not list(tmp_path.glob("ckpt-1.*")) and "ckpt-1.index" in (tmp_path / "SHA256SUMS").read_text()
+    seal.verify(str(tmp_path))
