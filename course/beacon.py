@@ -175,6 +175,25 @@ def absent(me):
     return ", ".join(named[:-1]) + (" and " if len(named) > 1 else "") + named[-1]
 
 
+def refuse(me, line):
+    """This rank refused (bad input found after it joined): its line, in the run's store, so that a
+    peer that then loses it says why (refusal()) instead of "lost contact"."""
+    if _BEACON:
+        stop()
+        with contextlib.suppress(Exception):
+            _client(timeout_s=3).put(_key(me, "refused"), line[:400])
+
+
+def refusal(me):
+    """'rank R refused: its line' for a peer of `me` that refused, or None."""
+    with contextlib.suppress(Exception):
+        store = _BEACON and _client(timeout_s=3)
+        for r in range(_BEACON[0].world) if store else ():
+            if r != me and (line := store.read(_key(r, "refused"))):
+                return f"rank {r} refused: {line}"
+    return None
+
+
 def linger(me, wait_s=5.0):
     """Rank 0 outside torchrun holds the store in its own process: before it leaves, it waits (at
     most wait_s) until the other ranks still answering have read it, so that they too can name the

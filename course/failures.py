@@ -1,6 +1,5 @@
 """Course plumbing: every way a run can go wrong ends in one line on stderr, not a traceback
-(run_main). The lessons teach nothing here; a lesson copied without it still runs, with Python's
-own tracebacks.
+(run_main). A lesson copied without it still runs, with Python's own tracebacks.
 
 The line names the rank, where it was (the epoch and step it last finished: course/watch.py), and for
 a stop or a lost peer what to do next: the last good checkpoint, or how to find a hung rank
@@ -11,7 +10,7 @@ import os
 import sys
 import time
 
-from course import beacon, scratch, watch
+from course import beacon, quiet, scratch, watch
 from course.errors import NonFiniteLoss, UserError, checkpoint_problem, fail, say
 from course.ranks import discover
 from course.runfiles import chosen_log_dir, epochs_done, has_checkpoint, holder_of, remove_debris, write_ending
@@ -26,15 +25,13 @@ def note_args(args):
 
 
 # What the frameworks raise on a rank whose peer died or stopped answering: torch.distributed's
-# Dist*Error classes, Horovod's HorovodInternalError, and plain RuntimeErrors (or TensorFlow errors)
-# from gloo/Horovod.
+# Dist*Error classes, Horovod's HorovodInternalError, plain RuntimeErrors (or TF's) from gloo/Horovod.
 PEER_ERROR_TYPES = ("DistError", "DistBackendError", "DistNetworkError", "DistStoreError",
                     "HorovodInternalError")
 PEER_ERROR_TEXTS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
                     "Timed out waiting", "timed out", "Horovod has been shut down", "gloo")
 TIMEOUT_TEXTS = ("Timed out", "timed out", "Timeout", "timeout")
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-HANGS_PAGE = "diagnose/hangs.md"
+ROOT, HANGS_PAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "diagnose/hangs.md"
 
 
 def _rank():
@@ -86,7 +83,7 @@ def _waited_where(exc):
     plumbing = os.path.join(ROOT, "course") + os.sep
     ours = [i for i, f in enumerate(frames) if os.path.abspath(f.filename).startswith(ROOT + os.sep)
             and not os.path.abspath(f.filename).startswith(plumbing)  # (its wraps: not the lesson's)
-            and "site-packages" not in f.filename]  # (a virtual environment may be in the checkout)
+            and "site-packages" not in f.filename and f.filename[:1] != "<"]  # (a venv; TF's code)
     if not ours:
         return None, None
     mine = frames[ours[-1]]
@@ -181,11 +178,12 @@ def run_main(main):
         if signum is not None:
             _quit(_stopped_line(signum), interrupts.exit_code(signum), prefix="stopped")
         remove_debris()
-        if isinstance(exc, (UserError, DataError)):
-            fail(str(exc))
         if isinstance(exc, NonFiniteLoss):
             _quit(_non_finite_line(exc), 1)
-        if problem := checkpoint_problem(exc):
+        problem = str(exc) if isinstance(exc, (UserError, DataError)) else checkpoint_problem(exc)
+        if problem:  # bad input: the peers that lose this rank then say that it refused
+            beacon.refuse(_rank(), problem)
+            quiet.refused_quietly()
             fail(problem)
         if not is_peer_failure(exc):
             import traceback
@@ -194,6 +192,8 @@ def run_main(main):
             # torchrun's report shows it (as @record would)
             record_for_torchrun(traceback.format_exc())
             raise  # a bug: keep the traceback
+        if refused := beacon.refusal(_rank()):  # a peer refused bad input: so does this rank
+            _quit(f"rank {_rank()} stopped: {refused}", 2)
         _quit(_peer_line(exc), 1)
 
 

@@ -120,3 +120,17 @@ def test_a_rank_with_no_rank_0_anywhere_says_so_in_one_line(tmp_path, script):
         verbose = run(warm(1, script, "--dist-timeout", "3", "--log-dir", tmp_path / "log"),
                       env={**env, "COURSE_VERBOSE": "1"}, timeout=120)
         assert re.search(r"^frame #\d+: ", verbose.stderr, re.M) and "[c10d]" in verbose.stderr, verbose.stderr[-3000:]
+
+
+def test_a_rank_whose_peer_refused_bad_input_says_so_and_exits_2(tmp_path):
+    """Rank 1 finds bad input after it joined (planted: a UserError at step 2): its one line, exit 2, and its line
+    left in the run's store; rank 0, whose collective then loses it, says that rank 1 refused and why (not "lost
+    contact"), and exits 2 too: the job ended on bad input."""
+    result = run(warm(2, DDP, "--epochs", "1", "--max-steps", "4", "--num-threads", "1", "--log-dir",
+                      tmp_path / "log"), env={"COURSE_PLANT": "refuse:1:1:2"}, timeout=120)
+    assert result.returncode == 2, result.stderr[-3000:]
+    refused = "COURSE_PLANT: rank 1 refuses at epoch 1 step 2"
+    assert sorted(error_lines(result.stderr)) == [f"error: {refused}",
+                                                  f"error: rank 0 stopped: rank 1 refused: {refused}"], \
+        result.stderr[-3000:]
+    assert "Traceback" not in result.stderr

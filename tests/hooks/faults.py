@@ -197,3 +197,20 @@ def stop_before_join():
     if plant and plant[0] == "stop-before-join" and int(os.environ.get("RANK", "-1")) == plant[1]:
         print(f"COURSE_PLANT: rank {plant[1]} stops itself (SIGSTOP) before it joins the group", flush=True)
         os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def refuse_at_step():
+    """COURSE_PLANT=refuse:<rank>:<epoch>:<step>: that rank finds bad input at that training step, after it
+    joined its peers (a UserError, as the course's own checks raise): the peers then lose it."""
+    plant = _plant()
+    if not plant or plant[0] != "refuse":
+        return
+    from course.errors import UserError
+    from utils import log
+    update = log.Progress.update
+
+    def update_or_refuse(self, step, loss):
+        if (log._RANK, self.epoch, step) == plant[1:]:
+            raise UserError(f"COURSE_PLANT: rank {log._RANK} refuses at epoch {self.epoch} step {step}")
+        update(self, step, loss)
+    log.Progress.update = update_or_refuse

@@ -13,3 +13,4 @@ if any(os.environ.get(v) for v in ("COURSE_FAIL_AT", "COURSE_DIE_IN_WRITE", "COU
 
     faults.stop_before_join()
     faults.install()
+    faults.refuse_at_step()
