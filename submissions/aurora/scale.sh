@@ -10,7 +10,8 @@
 #PBS -j oe
 # The scaling sweep on Aurora: train.sh at 1, 2, 4, ... ranks up to every tile of the job
 # (2 nodes: 24), one log folder each, then a table of throughput, speedup and efficiency.
-# Written from ALCF's Aurora guides as read on 2026-11-25; not yet run there.
+# Written from ALCF's Aurora guides (docs/aurora/ in argonne-lcf/user-guides of 2026-08-19);
+# not yet run there.
 #
 #   qsub -A <project> submissions/aurora/scale.sh
 #   qsub -A <project> -q debug-scaling -l select=4 -v EXAMPLE=deepspeed submissions/aurora/scale.sh

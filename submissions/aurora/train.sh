@@ -10,7 +10,8 @@
 #PBS -j oe
 # One training run on every GPU tile of the job, on Aurora (6 Intel GPU Max per node = 12 tiles,
 # Cray MPICH mpiexec, PyTorch's xccl backend over oneCCL).
-# Written from ALCF's Aurora guides as read on 2026-11-25; not yet run there.
+# Written from ALCF's Aurora guides (docs/aurora/ in argonne-lcf/user-guides of 2026-08-19);
+# not yet run there.
 #
 #   qsub -A <project> submissions/aurora/train.sh                         # DDP on 1 node: 12 ranks
 #   qsub -A <project> -l select=2 -v EXAMPLE=deepspeed submissions/aurora/train.sh
@@ -71,7 +72,7 @@ read -r -a TRAIN_ARGS <<< "${TRAIN_ARGS:-}"  # qsub passes no arguments: -v TRAI
 set -- "${TRAIN_ARGS[@]}" "$@"
 
 # --- environment: PyTorch (xpu, xccl), DeepSpeed and MPI from ALCF's frameworks module ------------
-MODULE=${MODULE:-frameworks/2025.3.1}  # the version ALCF's PyTorch guide shows (read 2026-11-27)
+MODULE=${MODULE:-frameworks/2025.3.1}  # as in docs/aurora/data-science/frameworks/pytorch.md
 step module load "$MODULE" \
   || fail "'module load $MODULE' failed (the module system's lines above):" \
   "see 'module avail ${MODULE%%/*}' and give another with MODULE=..." \
@@ -103,8 +104,8 @@ esac
 # --- data: the compute nodes have no internet (only a proxy); MNIST goes there once, from a login
 # node: python3 tools/get_data.py DIR (submissions/README.md); the examples read it with --data-dir
 DATA_DIR=${DATA_DIR-${REPO_DIR:+$REPO_DIR/data}}
-# or --download fetches it in the job, through ALCF's proxy (Polaris' getting-started page, read
-# 2026-11-28): the compute nodes' only way out
+# or --download fetches it in the job, through ALCF's proxy (docs/polaris/getting-started.md):
+# the compute nodes' only way out
 if [[ " $* " == *" --download "* ]]; then
   DOWNLOADS=1 PROXY=http://proxy.alcf.anl.gov:3128
   step export HTTP_PROXY="${HTTP_PROXY:-$PROXY}" HTTPS_PROXY="${HTTPS_PROXY:-$PROXY}" \
@@ -116,7 +117,7 @@ NNODES=$(nodes_in "$PBS_NODEFILE")
 RANKS_PER_NODE=${RANKS_PER_NODE:-12}     # 6 GPUs x 2 tiles, each tile its own device (FLAT)
 NRANKS=$((NNODES * RANKS_PER_NODE))
 # 4 cores per rank, ranks 0-5 on socket 0 and 6-11 on socket 1, and one more core per rank for its
-# oneCCL worker thread, outside that list (ALCF's PyTorch guide pairs the two, read 2026-11-28;
+# oneCCL worker thread, outside that list (frameworks/pytorch.md and oneCCL.md pair the two;
 # oneCCL's own default cores 42-47 and 94-99 would sit inside a list of 8 cores per rank)
 CPU_BIND=list:4-7:8-11:12-15:16-19:20-23:24-27:56-59:60-63:64-67:68-71:72-75:76-79
 step export OMP_NUM_THREADS=4 ZE_FLAT_DEVICE_HIERARCHY=FLAT
@@ -130,7 +131,7 @@ step export CCL_PROCESS_LAUNCHER=pmix CCL_ATL_TRANSPORT=mpi CCL_KVS_MODE=mpi \
 if ((NNODES > 1)); then step export CCL_KVS_CONNECTION_TIMEOUT=300; fi  # many nodes start slowly
 # rank 0 runs on the node file's first host (a dry run outside a job: this host), reached over the
 # Slingshot network: the node file names the management one (x...n0.hostmgmt2000.cm...), ALCF's
-# PyTorch guide (read 2026-11-27) and ezpz use <host>.hsn.cm.aurora.alcf.anl.gov
+# PyTorch guide (frameworks/pytorch.md) and ezpz use <host>.hsn.cm.aurora.alcf.anl.gov
 FIRST_HOST=$(head -n 1 "$PBS_NODEFILE" 2>/dev/null || hostname)
 step export MASTER_ADDR="${FIRST_HOST%%.*}${MASTER_DOMAIN-.hsn.cm.aurora.alcf.anl.gov}"
 

@@ -9,7 +9,8 @@
 #PBS -j oe
 # The scaling sweep on Polaris: train.sh at 1, 2, 4, ... ranks up to every GPU of the job
 # (2 nodes: 8), one log folder each, then a table of throughput, speedup and efficiency.
-# Written from ALCF's Polaris guide as read on 2026-11-25; not yet run there.
+# Written from ALCF's Polaris guide (docs/polaris/ in argonne-lcf/user-guides of 2026-08-19);
+# not yet run there.
 #
 #   qsub -A <project> submissions/polaris/scale.sh
 #   qsub -A <project> -v EXAMPLE=deepspeed,SWEEP_RANKS="1 4 8" submissions/polaris/scale.sh

@@ -8,7 +8,8 @@
 #PBS -A YOUR_PROJECT
 #PBS -j oe
 # One training run on every GPU of the job, on Polaris (4 A100 per node, Cray MPICH mpiexec).
-# Written from ALCF's Polaris guide as read on 2026-11-25; not yet run there.
+# Written from ALCF's Polaris guide (docs/polaris/ in argonne-lcf/user-guides of 2026-08-19);
+# not yet run there.
 #
 #   qsub -A <project> submissions/polaris/train.sh                        # DDP on 1 node: 4 ranks
 #   qsub -A <project> -l select=2:system=polaris -v EXAMPLE=deepspeed submissions/polaris/train.sh
@@ -68,7 +69,7 @@ read -r -a TRAIN_ARGS <<< "${TRAIN_ARGS:-}"  # qsub passes no arguments: -v TRAI
 set -- "${TRAIN_ARGS[@]}" "$@"
 
 # --- environment: PyTorch, TensorFlow, DeepSpeed and MPI from ALCF's conda module -----------------
-# conda/2025-09-25: the default since 2025-10-24 (polaris/system-updates.md, read 2026-11-27)
+# conda/2025-09-25: the default since 2025-10-24 (docs/polaris/system-updates.md)
 MODULE=${MODULE:-conda/2025-09-25}
 step module use /soft/modulefiles
 step module load "$MODULE" \
@@ -103,8 +104,8 @@ esac
 # --- data: the compute nodes have no internet (only a proxy); MNIST goes there once, from a login
 # node: python3 tools/get_data.py DIR (submissions/README.md); the examples read it with --data-dir
 DATA_DIR=${DATA_DIR-${REPO_DIR:+$REPO_DIR/data}}
-# or --download fetches it in the job, through ALCF's proxy (Polaris' getting-started page, read
-# 2026-11-28): the compute nodes' only way out
+# or --download fetches it in the job, through ALCF's proxy (docs/polaris/getting-started.md):
+# the compute nodes' only way out
 if [[ " $* " == *" --download "* ]]; then
   DOWNLOADS=1 PROXY=http://proxy.alcf.anl.gov:3128
   step export HTTP_PROXY="${HTTP_PROXY:-$PROXY}" HTTPS_PROXY="${HTTPS_PROXY:-$PROXY}" \
@@ -118,8 +119,8 @@ NRANKS=$((NNODES * RANKS_PER_NODE))
 DEPTH=$((32 / RANKS_PER_NODE))           # the node's 32 cores shared by its ranks: 8 each
 step export OMP_NUM_THREADS="$DEPTH"
 # rank 0 runs on the node file's first host (a dry run outside a job: this host), reached over the
-# Slingshot network: <host>.hsn.cm.polaris.alcf.anl.gov, as ALCF's Polaris DDP examples (read
-# 2026-11-27: ai-science-training-series 01-AI-at-Scale)
+# Slingshot network: <host>.hsn.cm.polaris.alcf.anl.gov, as ALCF's Polaris DDP examples
+# (argonne-lcf/ai-science-training-series, 01-AI-at-Scale, 2025)
 FIRST_HOST=$(head -n 1 "$PBS_NODEFILE" 2>/dev/null || hostname)
 step export MASTER_ADDR="${FIRST_HOST%%.*}${MASTER_DOMAIN-.hsn.cm.polaris.alcf.anl.gov}"
 

@@ -1,15 +1,17 @@
 #!/bin/bash -l
 #PBS -N scale
 #PBS -l select=2
-#PBS -l place=scatter
 #PBS -l walltime=1:00:00
 #PBS -l filesystems=home:eagle
 #PBS -q by-node
 #PBS -A YOUR_PROJECT
 #PBS -j oe
+# No place=: by-node gives whole nodes, and by-gpu puts every chunk (a GPU) on one node
+# (docs/sophia/queueing-and-running-jobs/running-jobs.md), which scatter would contradict.
 # The scaling sweep on Sophia: train.sh at 1, 2, 4, ... ranks up to every GPU of the job
 # (2 nodes: 16), one log folder each, then a table of throughput, speedup and efficiency.
-# Written from ALCF's Sophia guide as read on 2026-11-25; not yet run there.
+# Written from ALCF's Sophia guide (docs/sophia/ in argonne-lcf/user-guides of 2026-08-19);
+# not yet run there.
 #
 #   qsub -A <project> submissions/sophia/scale.sh
 #   qsub -A <project> -v EXAMPLE=horovod-pytorch submissions/sophia/scale.sh

@@ -1,15 +1,17 @@
 #!/bin/bash -l
 #PBS -N train
 #PBS -l select=1
-#PBS -l place=scatter
 #PBS -l walltime=0:30:00
 #PBS -l filesystems=home:eagle
 #PBS -q by-node
 #PBS -A YOUR_PROJECT
 #PBS -j oe
+# No place=: by-node gives whole nodes, and by-gpu puts every chunk (a GPU) on one node
+# (docs/sophia/queueing-and-running-jobs/running-jobs.md), which scatter would contradict.
 # One training run on every GPU of the job, on Sophia (ThetaGPU's DGX A100 nodes, 8 A100 per node,
 # Open MPI mpirun).
-# Written from ALCF's Sophia guide as read on 2026-11-25; not yet run there.
+# Written from ALCF's Sophia guide (docs/sophia/ in argonne-lcf/user-guides of 2026-08-19);
+# not yet run there.
 #
 #   qsub -A <project> submissions/sophia/train.sh                         # DDP on 1 node: 8 ranks
 #   qsub -A <project> -l select=2 -v EXAMPLE=horovod-pytorch submissions/sophia/train.sh
@@ -63,13 +65,17 @@ read -r -a TRAIN_ARGS <<< "${TRAIN_ARGS:-}"  # qsub passes no arguments: -v TRAI
 set -- "${TRAIN_ARGS[@]}" "$@"
 
 # --- environment: PyTorch, TensorFlow, Horovod, DeepSpeed and Open MPI from ALCF's conda module ---
-MODULE=${MODULE:-conda}  # Sophia's guide names no version (read 2026-11-27): see module avail conda
+MODULE=${MODULE:-conda}  # docs/sophia/ names no version: see module avail conda
 step module use /soft/modulefiles
 step module load "$MODULE" \
   || fail "'module load $MODULE' failed (the module system's lines above):" \
   "see 'module avail ${MODULE%%/*}' and give another with MODULE=..." \
   "(a system update can leave a module unloadable until ALCF rebuilds it)"
 step conda activate base
+# Open MPI's mpirun: where conda's environment has none, the module ALCF's Sophia pages load
+# before conda to run MPI (docs/sophia/data-science/dask.md); no Sophia page shows a training
+# launch, so this is unverified there
+[[ "${DRY_RUN:-0}" == 1 ]] || command -v mpirun > /dev/null || step module load compilers/openmpi
 refuse_laptop_venv sophia
 # pure-Python extras the module lacks (tensorboardX, mlxtend): VENV, a venv on top of the module,
 # made with --system-site-packages (ALCF's python.md): torch and MPI stay the module's
@@ -97,8 +103,8 @@ esac
 # --- data: the compute nodes have no internet (only a proxy); MNIST goes there once, from a login
 # node: python3 tools/get_data.py DIR (submissions/README.md); the examples read it with --data-dir
 DATA_DIR=${DATA_DIR-${REPO_DIR:+$REPO_DIR/data}}
-# or --download fetches it in the job, through ALCF's proxy (Polaris' getting-started page, read
-# 2026-11-28): the compute nodes' only way out
+# or --download fetches it in the job, through ALCF's proxy (docs/polaris/getting-started.md):
+# the compute nodes' only way out
 if [[ " $* " == *" --download "* ]]; then
   DOWNLOADS=1 PROXY=http://proxy.alcf.anl.gov:3128
   step export HTTP_PROXY="${HTTP_PROXY:-$PROXY}" HTTPS_PROXY="${HTTPS_PROXY:-$PROXY}" \
