@@ -29,6 +29,7 @@ from support import (
     check,
     run,
     weights_digest,
+    warm,
     without_timing,
 )
 from tools.launch import launch_command
@@ -173,7 +174,7 @@ def test_a_copy_refuses_a_bad_flag_in_one_line(lifted, lesson):
     """The lesson's one line; TensorFlow's own start-up lines may come before it (on a CPU where oneDNN's custom
     operations are on, TensorFlow 2.21 writes that from C++ whatever TF_CPP_MIN_LOG_LEVEL says), which only the
     course's plumbing filters."""
-    result = run([str(BIN / "python"), "main.py", "--batch-size", "0"], timeout=120, cwd=lifted[lesson])
+    result = run(warm(1, lifted[lesson] / "main.py", "--batch-size", "0"), timeout=120, cwd=lifted[lesson])
     assert result.returncode == 2, result.stderr
     lines = [line for line in result.stderr.strip().splitlines() if not re.search(TF_IMPORT_NOISE, line)]
     assert lines == [
