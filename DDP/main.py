@@ -118,11 +118,9 @@ def main(args):
     vendor = {"cuda": "nccl", "xpu": "xccl"}.get(gpu, "gloo")  # gloo between CPUs
     backend = (vendor if args.backend == "auto" else args.backend) if world_size > 1 else "none"
     wait = timedelta(seconds=args.dist_timeout)
-    if world_size > 1:  # (torchrun --max-restarts: a restarted attempt keeps its keys apart)
-        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-        keys = None if attempt == "0" else dist.PrefixStore(attempt, next(dist.rendezvous(
-            "env://", rank, world_size, timeout=wait))[0])
-        dist.init_process_group(backend, store=keys, rank=rank, world_size=world_size, timeout=wait)
+    if world_size > 1:  # (one process: no group, as pytorch/examples' MNIST)
+        store = meeting_place(rank, world_size, wait)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=wait)
     log.configure(rank, local_rank, args.log_all_ranks)
     log_dir = [args.log_dir or log.default_log_dir("ddp")]  # runs/ddp-<time>: rank 0's time
     if world_size > 1 and not args.log_dir:
@@ -195,6 +193,20 @@ def main(args):
     run.summary({"param_checksums": checksums, "device": device})
     if world_size > 1:
         dist.destroy_process_group()
+
+
+def meeting_place(rank, world_size, wait):
+    """The store the ranks meet in (no step of the recipe). One process: a store of its own, a
+    group of one. torchrun --max-restarts starts a failed job again on the same store: a restarted
+    attempt keeps its keys apart, or it meets the dead attempt's and waits out --dist-timeout.
+    Otherwise None: init_process_group meets at MASTER_ADDR:MASTER_PORT itself."""
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if world_size == 1:
+        return dist.HashStore()
+    if attempt == "0":
+        return None
+    store, _, _ = next(dist.rendezvous("env://", rank, world_size, timeout=wait))
+    return dist.PrefixStore(attempt, store)
 
 
 if __name__ == "__main__":

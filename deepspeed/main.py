@@ -55,6 +55,20 @@ def who_am_i():
     return 0, 0, 1, 1, "python"
 
 
+def meeting_place(rank, world_size, wait):
+    """The store the ranks meet in (no step of the recipe). One process: a store of its own, a
+    group of one. torchrun --max-restarts starts a failed job again on the same store: a restarted
+    attempt keeps its keys apart, or it meets the dead attempt's and waits out --dist-timeout.
+    Otherwise None: init_process_group meets at MASTER_ADDR:MASTER_PORT itself."""
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if world_size == 1:
+        return dist.HashStore()
+    if attempt == "0":
+        return None
+    store, _, _ = next(dist.rendezvous("env://", rank, world_size, timeout=wait))
+    return dist.PrefixStore(attempt, store)
+
+
 def Net(dropout):  # pytorch/examples' MNIST CNN (1.2M parameters), as one nn.Sequential
     return nn.Sequential(nn.Conv2d(1, 32, 3, 1), nn.ReLU(), nn.Conv2d(32, 64, 3, 1), nn.ReLU(),
                          nn.MaxPool2d(2), nn.Dropout(dropout), nn.Flatten(), nn.Linear(9216, 128),
@@ -101,8 +115,7 @@ def main(args):
         os.environ["MASTER_ADDR"] = MPI.COMM_WORLD.bcast(os.uname().nodename, root=0)
     job = (os.environ.get("SLURM_JOB_ID") or os.environ.get("PBS_JOBID") or "0").split(".")[0]
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    # two jobs, two ports; one process: any free port (DeepSpeed wants a group even for one rank)
-    os.environ.setdefault("MASTER_PORT", str(29500 + int(job) % 1000) if world_size > 1 else "0")
+    os.environ.setdefault("MASTER_PORT", str(29500 + int(job) % 1000))  # two jobs, two ports
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world_size))
     # [2] Pin this rank to one device, as in DDP/main.py, in DeepSpeed's accelerator layer too
     gpu = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
@@ -118,11 +131,10 @@ def main(args):
     torch.set_num_threads(threads)
     vendor = {"cuda": "nccl", "xpu": "xccl"}.get(gpu, "gloo")  # [1] join, via DeepSpeed's layer
     backend = vendor if args.backend == "auto" else args.backend  # (below: no MPI discovery)
-    wait, attempt = timedelta(seconds=args.dist_timeout), os.getenv("TORCHELASTIC_RESTART_COUNT")
-    if attempt not in (None, "0"):  # torchrun --max-restarts: this attempt's keys apart (as DDP)
-        keys = dist.PrefixStore(attempt, next(dist.rendezvous(
-            "env://", rank, world_size, timeout=wait))[0])
-        dist.init_process_group(backend, store=keys, rank=rank, world_size=world_size, timeout=wait)
+    wait = timedelta(seconds=args.dist_timeout)
+    store = meeting_place(rank, world_size, wait)
+    if store is not None:  # one process, or a restarted attempt: DeepSpeed's layer takes this group
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=wait)
     deepspeed.init_distributed(backend, auto_mpi_discovery=False, verbose=False, timeout=wait)
     log.configure(rank, local_rank, args.log_all_ranks)
     log_dir = [args.log_dir or log.default_log_dir("deepspeed")]  # runs/deepspeed-<rank 0's time>

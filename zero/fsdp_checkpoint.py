@@ -65,6 +65,20 @@ def who_am_i():
     return 0, 0, 1, 1, "python"
 
 
+def meeting_place(rank, world_size, wait):
+    """The store the ranks meet in (no step of the recipe). One process: a store of its own, a
+    group of one. torchrun --max-restarts starts a failed job again on the same store: a restarted
+    attempt keeps its keys apart, or it meets the dead attempt's and waits out --dist-timeout.
+    Otherwise None: init_process_group meets at MASTER_ADDR:MASTER_PORT itself."""
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if world_size == 1:
+        return dist.HashStore()
+    if attempt == "0":
+        return None
+    store, _, _ = next(dist.rendezvous("env://", rank, world_size, timeout=wait))
+    return dist.PrefixStore(attempt, store)
+
+
 
 def flags():
     def problems(args):
@@ -116,18 +130,16 @@ def main(args):
         os.environ["MASTER_ADDR"] = MPI.COMM_WORLD.bcast(os.uname().nodename, root=0)
     job = (os.environ.get("SLURM_JOB_ID") or os.environ.get("PBS_JOBID") or "0").split(".")[0]
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    # two jobs, two ports; one process: any free port (fully_shard wants a group, even of one)
-    os.environ.setdefault("MASTER_PORT", str(29500 + int(job) % 1000) if n > 1 else "0")
+    os.environ.setdefault("MASTER_PORT", str(29500 + int(job) % 1000))  # two jobs, two ports
     log.configure(rank)
     # [2] Pin this rank: on GPUs cuda:LOCAL_RANK; here the CPU, each rank its share of the cores.
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     torch.set_num_threads(cores if cores < os.cpu_count() else max(1, cores // local_size))
     # [1] Join the process group (gloo between CPUs; torchrun --max-restarts: this attempt's keys
     #     apart, as in DDP/main.py).
-    wait, attempt = timedelta(seconds=args.dist_timeout), os.getenv("TORCHELASTIC_RESTART_COUNT")
-    keys = None if attempt in (None, "0") else dist.PrefixStore(attempt, next(dist.rendezvous(
-        "env://", rank, n, timeout=wait))[0])
-    dist.init_process_group("gloo", store=keys, rank=rank, world_size=n, timeout=wait)
+    wait = timedelta(seconds=args.dist_timeout)
+    store = meeting_place(rank, n, wait)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=n, timeout=wait)
     log.info(f"FSDP2 + torch.distributed.checkpoint on {n} rank(s) via {launcher}; MLP 784-"
              f"{args.hidden}x2-10; {args.steps} Adam steps of {args.batch_size} digits per rank")
     # [5] Wrap: every Linear a unit of its own, each rank holding 1/n of every parameter, and Adam

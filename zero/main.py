@@ -70,6 +70,20 @@ def who_am_i():
     return 0, 0, 1, 1, "python"
 
 
+def meeting_place(rank, world_size, wait):
+    """The store the ranks meet in (no step of the recipe). One process: a store of its own, a
+    group of one. torchrun --max-restarts starts a failed job again on the same store: a restarted
+    attempt keeps its keys apart, or it meets the dead attempt's and waits out --dist-timeout.
+    Otherwise None: init_process_group meets at MASTER_ADDR:MASTER_PORT itself."""
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if world_size == 1:
+        return dist.HashStore()
+    if attempt == "0":
+        return None
+    store, _, _ = next(dist.rendezvous("env://", rank, world_size, timeout=wait))
+    return dist.PrefixStore(attempt, store)
+
+
 def mlp(hidden, layers):
     dims = [784] + [hidden] * (layers + 1)
     blocks = []
@@ -88,8 +102,7 @@ def main(args):
         os.environ["MASTER_ADDR"] = MPI.COMM_WORLD.bcast(os.uname().nodename, root=0)
     job = (os.environ.get("SLURM_JOB_ID") or os.environ.get("PBS_JOBID") or "0").split(".")[0]
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    # two jobs, two ports; one process: any free port (ZeRO and fully_shard want a group of one)
-    os.environ.setdefault("MASTER_PORT", str(29500 + int(job) % 1000) if n > 1 else "0")
+    os.environ.setdefault("MASTER_PORT", str(29500 + int(job) % 1000))  # two jobs, two ports
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(local_rank), WORLD_SIZE=str(n))
     log.configure(rank)
     # [2] Pin this rank to one device, as in DDP/main.py (and DeepSpeed's accelerator layer)
@@ -104,13 +117,12 @@ def main(args):
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     torch.set_num_threads(cores if cores < os.cpu_count() else max(1, cores // local_size))
     backend = {"cuda": "nccl", "xpu": "xccl"}.get(gpu, "gloo")  # [1] the group: gloo, nccl or xccl
-    wait, attempt = timedelta(seconds=args.dist_timeout), os.getenv("TORCHELASTIC_RESTART_COUNT")
-    keys = None if attempt in (None, "0") else dist.PrefixStore(attempt, next(dist.rendezvous(
-        "env://", rank, n, timeout=wait))[0])  # torchrun --max-restarts: this attempt's keys apart
-    if deepspeed_run and keys is None:  # ... through DeepSpeed's comm layer (no MPI discovery)
+    wait = timedelta(seconds=args.dist_timeout)
+    store = meeting_place(rank, n, wait)
+    if deepspeed_run and store is None:  # ... through DeepSpeed's comm layer (no MPI discovery)
         deepspeed.init_distributed(backend, auto_mpi_discovery=False, verbose=False, timeout=wait)
-    else:  # (a restart under DeepSpeed: its layer takes this group as it is)
-        dist.init_process_group(backend, store=keys, rank=rank, world_size=n, timeout=wait)
+    else:  # (one process, or a restart: DeepSpeed's layer takes this group as it is)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=n, timeout=wait)
     mnist = data.load_shipped()  # [3] shard by *global* rank: the same seeded shuffle, 1/n each
     train_set = TensorDataset(torch.from_numpy(data.normalized(mnist.x_train).reshape(-1, 784)),
                               torch.from_numpy(mnist.y_train))
