@@ -195,8 +195,8 @@ def main(args):
         dcp.load({"meta": meta}, checkpoint_id=folder / tag, process_group=saver)
         for k in (k for k in shape if meta["shape"][k] != shape[k]):  # one line, every rank
             raise SystemExit(f"error: --{k} {shape[k]}: {folder / tag} is of {k} {meta['shape'][k]}")
-        # Each rank reads just the slices its new shards cover, whatever the world size that
-        # wrote them; AdamW's moments too. The LR stays this run's ([4]), not the saved one.
+        # Resharding on load, as zero/fsdp_checkpoint.py teaches it: each rank reads the slices its
+        # new shards cover. The LR stays this run's ([4]), not the saved one.
         model_state, optim_state = get_state_dict(model, optimizer)
         state = {"model": model_state, "optim": optim_state}
         dcp.load(state, checkpoint_id=folder / tag, process_group=saver)
