@@ -119,8 +119,8 @@ def main(args):
     backend = (vendor if args.backend == "auto" else args.backend) if world_size > 1 else "none"
     wait = timedelta(seconds=args.dist_timeout)
     if world_size > 1:  # (one process: no group, as pytorch/examples' MNIST)
-        store = meeting_place(rank, world_size, wait)
-        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=wait)
+        keys = meeting_place(rank, world_size, wait)
+        dist.init_process_group(backend, store=keys, rank=rank, world_size=world_size, timeout=wait)
     log.configure(rank, local_rank, args.log_all_ranks)
     log_dir = [args.log_dir or log.default_log_dir("ddp")]  # runs/ddp-<time>: rank 0's time
     if world_size > 1 and not args.log_dir:

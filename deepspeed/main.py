@@ -132,9 +132,9 @@ def main(args):
     vendor = {"cuda": "nccl", "xpu": "xccl"}.get(gpu, "gloo")  # [1] join, via DeepSpeed's layer
     backend = vendor if args.backend == "auto" else args.backend  # (below: no MPI discovery)
     wait = timedelta(seconds=args.dist_timeout)
-    store = meeting_place(rank, world_size, wait)
-    if store is not None:  # one process, or a restarted attempt: DeepSpeed's layer takes this group
-        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=wait)
+    keys = meeting_place(rank, world_size, wait)
+    if keys is not None:  # one process, or a restarted attempt: DeepSpeed's layer takes this group
+        dist.init_process_group(backend, store=keys, rank=rank, world_size=world_size, timeout=wait)
     deepspeed.init_distributed(backend, auto_mpi_discovery=False, verbose=False, timeout=wait)
     log.configure(rank, local_rank, args.log_all_ranks)
     log_dir = [args.log_dir or log.default_log_dir("deepspeed")]  # runs/deepspeed-<rank 0's time>

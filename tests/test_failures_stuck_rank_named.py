@@ -108,7 +108,7 @@ def test_a_rank_stopped_before_it_joined_is_named_by_the_ranks_that_waited(tmp_p
     assert rc != 0 and pid, output[-3000:]
     for rank in (0, 1, 3):
         mine = [line for line in error_lines(output) if line.startswith(f"error: rank {rank} ")]
-        assert len(mine) == 1 and re.match(rf"error: rank {rank} waited [89] s in init_process_group at "
-                                           rf"{re.escape(DDP)}:\d+ .*for rank 2, which never joined it", mine[0]), \
-            output[-4000:]
+        said = len(mine) == 1 and re.match(rf"error: rank {rank} waited (\d+) s in init_process_group at "
+                                           rf"{re.escape(DDP)}:\d+ .*for rank 2, which never joined it", mine[0])
+        assert said and int(said[1]) >= 8, output[-4000:]  # at least --dist-timeout (more on a loaded machine)
     assert_no_traceback_through_the_example(output)

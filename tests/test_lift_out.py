@@ -28,8 +28,8 @@ from support import (
     ZERO,
     check,
     run,
-    weights_digest,
     warm,
+    weights_digest,
     without_timing,
 )
 from tools.launch import launch_command

@@ -26,7 +26,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from transformer import model as gpt  # the chapter's model
 from transformer import text  # its text (bytes) and flags
-from transformer.measure import WireBytes  # counts what this rank hands to collectives
+from transformer.measure import WireBytes, flops_per_token, peak_memory  # what it measures
 from utils import log  # the course's helper: rank 0's lines and run files
 
 FRAMEWORK = "transformer-cp"
@@ -213,7 +213,7 @@ def main(args):
                         width=args.width, dropout=args.dropout, seed=args.seed)
     model = gpt.GPT(config).to(device)  # the same weights on every rank (model.py: seeded)
     x, y = text.windows(train, torch.tensor([0]), args.context)  # a sequence: FLOPs per token
-    per_token = gpt.flops_per_token(model, x.to(device), y.to(device))
+    per_token = flops_per_token(model, x.to(device), y.to(device))
     # [5] Every rank holds the whole model; its attention becomes ring attention. Then DDP, as in
     #     ddp.py.
     if world_size > 1:
@@ -252,7 +252,7 @@ def main(args):
     log.info(f"{tokens_per_s:,.0f} tokens/s per rank; a step sends "
              f"{sent.get('c10d.send', {}).get('bytes', 0) / 2**20:.2f} MiB of keys, values and "
              f"their gradients per rank (counted: {counted['c10d.send']['bytes'] / 2**20:.2f} "
-             f"MiB); peak memory {gpt.peak_memory(device) / 2**20:,.0f} MiB (rank 0)")
+             f"MiB); peak memory {peak_memory(device) / 2**20:,.0f} MiB (rank 0)")
     net = model.module if world_size > 1 else model
     if args.save_model and rank == 0:  # [8] one writer: every rank holds the same whole model
         log.atomic_write(Path(log_dir[0]) / "model.pt", lambda f: torch.save(net.state_dict(), f),
@@ -260,7 +260,7 @@ def main(args):
     run.summary({"device": device, "cp": world_size, "tokens_per_s_per_rank": tokens_per_s,
                  "flops_per_token": per_token, "wire_per_step": sent,
                  "wire_counted": counted if world_size > 1 else {},
-                 "peak_memory_bytes": gpt.peak_memory(device)})
+                 "peak_memory_bytes": peak_memory(device)})
     dist.destroy_process_group()
 
 

@@ -26,6 +26,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from transformer import model as gpt  # the chapter's model
 from transformer import text  # its text (bytes) and flags
+from transformer.measure import flops_per_token, matmul_peak, peak_memory  # what it measures
 from utils import log  # the course's helper: rank 0's lines and run files
 
 FRAMEWORK = "transformer-ddp"
@@ -147,7 +148,7 @@ def main(args):
              f"{backend}, {threads} thread(s) per rank\n{about}\nmodel: "
              f"{sum(p.numel() for p in model.parameters()):,} parameters, {config}")
     x, y = text.windows(train, torch.tensor([0]), args.context)  # a sequence: FLOPs per token
-    per_token = gpt.flops_per_token(model, x.to(device), y.to(device))  # before any step: counts
+    per_token = flops_per_token(model, x.to(device), y.to(device))  # before any step: counts
     # [4] Scale the LR with the global batch (world_size x one rank's), as the course does; for
     #     AdamW that rule is a choice, not a law (README.md, [4]).
     lr = args.lr * world_size if not args.no_lr_scaling else args.lr
@@ -196,8 +197,8 @@ def main(args):
             log.atomic_write(checkpoint, lambda f: torch.save(state, f), mode="wb")
     # Tokens/s per rank and MFU: the FLOPs a token costs x tokens/s, over this device's matmul rate
     tokens_per_s = run.history[-1]["samples_per_s"] / world_size if run.history else 0.0
-    peak = gpt.matmul_peak(device)
-    mfu, held = tokens_per_s * per_token / peak, gpt.peak_memory(device)
+    peak = matmul_peak(device)
+    mfu, held = tokens_per_s * per_token / peak, peak_memory(device)
     log.info(f"{tokens_per_s:,.0f} tokens/s per rank x {per_token / 1e6:.1f} MFLOP/token = "
              f"{tokens_per_s * per_token / 1e9:.2f} GFLOP/s per rank: MFU {mfu:.1%} of a measured "
              f"{peak / 1e9:.0f} GFLOP/s matmul rate ({threads} thread(s))\nfirst step "

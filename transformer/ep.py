@@ -28,7 +28,7 @@ from torch.distributed._functional_collectives import all_to_all_single_autograd
 
 from transformer import model as gpt  # the chapter's model
 from transformer import text  # its text (bytes) and flags
-from transformer.measure import WireBytes  # counts what this rank hands to collectives
+from transformer.measure import WireBytes, flops_per_token, peak_memory  # what it measures
 from utils import log  # the course's helper: rank 0's lines and run files
 
 FRAMEWORK = "transformer-ep"
@@ -158,7 +158,7 @@ def main(args):
                         capacity_factor=args.capacity_factor)
     model = gpt.GPT(config).to(device)  # every expert, the same on every rank (seeded)
     x, y = text.windows(train, torch.tensor([0]), args.context)  # a sequence: FLOPs per token
-    per_token = gpt.flops_per_token(model, x.to(device), y.to(device))
+    per_token = flops_per_token(model, x.to(device), y.to(device))
     # [5] Keep this rank's experts (E/N of each block's) and exchange tokens for the rest; the
     #     other layers stay whole on every rank, as in DDP ([6] averages their gradients).
     share = args.experts // world_size  # (text.Parser checked that it divides)
@@ -204,7 +204,7 @@ def main(args):
     tokens_per_s = run.history[-1]["samples_per_s"] / world_size if run.history else 0.0
     log.info(f"tokens per expert (all blocks, top-{args.top_k}): {routed}; dropped over capacity: "
              f"{dropped} ({sum(dropped) / max(1, sum(routed)):.1%})\n{tokens_per_s:,.0f} tokens/s "
-             f"per rank; peak memory {gpt.peak_memory(device) / 2**20:,.0f} MiB (rank 0)")
+             f"per rank; peak memory {peak_memory(device) / 2**20:,.0f} MiB (rank 0)")
     # [8] --save-model: every rank's experts gathered, under their numbers in the whole model
     experts = {re.sub(r"experts\.(\d+)\.", lambda m: f"experts.{mine[int(m[1])]}.", name):
                t.cpu() for name, t in model.state_dict().items() if ".experts." in name}
@@ -218,7 +218,7 @@ def main(args):
     run.summary({"device": device, "tokens_per_s_per_rank": tokens_per_s,
                  "flops_per_token": per_token, "expert_tokens": routed, "expert_dropped": dropped,
                  "capacity": model.blocks[0].mlp.capacity, "wire_per_step": wire.per_step(),
-                 "peak_memory_bytes": gpt.peak_memory(device)})
+                 "peak_memory_bytes": peak_memory(device)})
     dist.destroy_process_group()
 
 

@@ -40,6 +40,7 @@ from torch.distributed.tensor import DTensor
 
 from transformer import model as gpt  # the chapter's model
 from transformer import text  # its text (bytes) and flags
+from transformer.measure import flops_per_token, matmul_peak, peak_memory  # what it measures
 from utils import log  # the course's helper: rank 0's lines and run files
 
 FRAMEWORK = "transformer-fsdp2"
@@ -178,7 +179,7 @@ def main(args):
              f"{shards} shard(s), device {device}, backend {backend}, {threads} thread(s) per "
              f"rank, {'bf16' if args.bf16 else 'fp32'}\n{about}\nmodel: {config}")
     x, y = text.windows(train, torch.tensor([0]), args.context)  # a sequence: FLOPs per token
-    per_token = gpt.flops_per_token(model, x.to(device), y.to(device))  # before any step: counts
+    per_token = flops_per_token(model, x.to(device), y.to(device))  # before any step: counts
     # [4] Scale the LR with the global batch (world_size x one rank's), as the course does; for
     #     AdamW that rule is a choice, not a law (README.md, [4]).
     lr = args.lr * world_size if not args.no_lr_scaling else args.lr
@@ -241,7 +242,7 @@ def main(args):
     if marking:
         marking.result()  # the last save whole and marked
     tokens_per_s = run.history[-1]["samples_per_s"] / world_size if run.history else 0.0
-    peak = gpt.matmul_peak(device)
+    peak = matmul_peak(device)
     mfu = tokens_per_s * per_token / peak
     log.info(f"{tokens_per_s:,.0f} tokens/s per rank x {per_token / 1e6:.1f} MFLOP/token: MFU "
              f"{mfu:.1%} of a measured {peak / 1e9:.0f} GFLOP/s matmul rate ({threads} thread(s))")
@@ -260,7 +261,7 @@ def main(args):
                  "flops_per_token": per_token, "matmul_peak": peak, "held_bytes_per_rank": everyone,
                  "parameters": sum(p.numel() for p in model.parameters()), "shards": shards,
                  "replicate": args.replicate, "bf16": args.bf16,
-                 "peak_memory_bytes": gpt.peak_memory(device)})
+                 "peak_memory_bytes": peak_memory(device)})
     dist.destroy_process_group()
 
 

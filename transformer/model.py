@@ -2,8 +2,6 @@
 self-attention and an MLP; bytes in, the next byte's logits out. Every lesson of the chapter
 trains this file's model, so that their numbers compare."""
 import math
-import sys
-import time
 from dataclasses import dataclass, fields
 
 import torch
@@ -160,60 +158,3 @@ class GPT(nn.Module):
 
 def loss_fn(logits, targets, reduction="mean"):
     return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction=reduction)
-
-
-def _attention(q, k, v, *args, out_shape=None, **kwargs):  # shapes [B, heads, T, head size]
-    return 4 * q[0] * q[1] * q[2] * k[2] * q[3]  # Q K^T and (softmax) V: 2 FLOPs per multiply-add
-
-
-def _attention_backward(grad, q, k, v, *args, out_shape=None, **kwargs):
-    return 2 * _attention(q, k, v)  # the gradients of Q, K, V and the scores: 4 products
-
-
-# FlopCounterMode knows the GPU attention kernels, not the CPU one: counted as torch counts those
-CPU_ATTENTION = {}
-for _kernel, _formula in (("_scaled_dot_product_flash_attention_for_cpu", _attention),
-                          ("_scaled_dot_product_flash_attention_for_cpu_backward", _attention_backward)):
-    if hasattr(torch.ops.aten, _kernel):
-        CPU_ATTENTION[getattr(torch.ops.aten, _kernel)] = _formula
-
-
-def flops_per_token(model, x, y):
-    """FLOPs of one forward and backward per token, counted by torch's FlopCounterMode on a batch
-    (matmuls and attention, whole: the causal mask's skipped half is counted, as torch does)."""
-    from torch.utils.flop_counter import FlopCounterMode
-    recompute, model.config.recompute = model.config.recompute, False  # the model's, not redone
-    with FlopCounterMode(display=False, custom_mapping=CPU_ATTENTION) as counter:
-        loss_fn(model(x), y).backward()
-    model.zero_grad(set_to_none=True)
-    model.config.recompute = recompute
-    for moe in (m for m in model.modules() if isinstance(m, MoE)):
-        moe.load.zero_()  # (the counted sequence's routing is no training's)
-    return counter.get_total_flops() / y.numel()
-
-
-def peak_memory(device):
-    """The most memory this process held, in bytes: on a GPU the allocator's peak; on CPUs the
-    peak resident set (all of it: torch's libraries, Python, the text, the activations)."""
-    if device != "cpu":
-        return torch.get_device_module(device).max_memory_allocated(device)
-    import resource  # (Linux counts KiB, macOS bytes)
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin"
-                                                                  else 1024)
-
-
-def matmul_peak(device, n=1024, seconds=0.5):
-    """The measured FP32 matmul rate (FLOP/s) of this rank's device and threads: the best of
-    repeated n x n products for about `seconds` (the ceiling MFU is taken against)."""
-    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
-    best, end = 0.0, time.perf_counter() + seconds
-    on_gpu = device != "cpu"
-    while time.perf_counter() < end:
-        if on_gpu:
-            torch.accelerator.synchronize()
-        t = time.perf_counter()
-        a @ b
-        if on_gpu:
-            torch.accelerator.synchronize()  # the product is done, not only queued
-        best = max(best, 2 * n**3 / (time.perf_counter() - t))
-    return best

@@ -34,7 +34,7 @@ from torch.distributed.pipelining import (
 
 from transformer import model as gpt  # the chapter's model
 from transformer import text  # its text (bytes) and flags
-from transformer.measure import TimedStage, WireBytes  # (a PipelineStage that times itself)
+from transformer.measure import TimedStage, WireBytes, flops_per_token, peak_memory
 from utils import log  # the course's helper: rank 0's lines and run files
 
 FRAMEWORK = "transformer-pp"
@@ -196,7 +196,7 @@ def main(args):
                         width=args.width, dropout=args.dropout, seed=args.seed)
     model = gpt.GPT(config).to(device)  # the same weights on every rank (model.py: seeded)
     x, y = text.windows(train, torch.tensor([0]), args.context)  # a sequence: FLOPs per token
-    per_token = gpt.flops_per_token(model, x.to(device), y.to(device))
+    per_token = flops_per_token(model, x.to(device), y.to(device))
     # [5] Cut the blocks into stages, keep this rank's, and the schedule that runs them.
     stages, mine, parts, held, schedule = apply_pp(model, rank, world_size, args, device)
     last = (stages - 1) % world_size  # the rank of the last stage (the first's: rank 0)
@@ -246,7 +246,7 @@ def main(args):
     tokens_per_s = run.history[-1]["samples_per_s"] / world_size if run.history else 0.0
     log.info(f"idle share of a step per rank: {', '.join(f'{i:.0%}' for i in idle)} (the "
              f"bubble, (N-1)/(v m+N-1): {theory:.0%}); {tokens_per_s:,.0f} tokens/s per rank; "
-             f"peak memory {gpt.peak_memory(device) / 2**20:,.0f} MiB (rank 0)")
+             f"peak memory {peak_memory(device) / 2**20:,.0f} MiB (rank 0)")
     # [8] --save-model: each rank's stages gathered: the whole model's state dict on rank 0
     everyone = [None] * world_size
     dist.all_gather_object(everyone, {k: t.cpu() for part in parts
@@ -258,7 +258,7 @@ def main(args):
                  "micro_batches": args.micro_batches, "idle_fraction": idle,
                  "idle_fraction_theory": theory, "timeline": timeline, "tokens_per_s_per_rank": tokens_per_s,
                  "flops_per_token": per_token, "wire_per_step": wire.per_step(),
-                 "peak_memory_bytes": gpt.peak_memory(device)})
+                 "peak_memory_bytes": peak_memory(device)})
     dist.destroy_process_group()
 
 

@@ -37,7 +37,7 @@ from torch.distributed.tensor.parallel import (
 
 from transformer import model as gpt  # the chapter's model
 from transformer import text  # its text (bytes) and flags
-from transformer.measure import WireBytes  # counts what this rank hands to collectives
+from transformer.measure import WireBytes, flops_per_token, peak_memory  # what it measures
 from utils import log  # the course's helper: rank 0's lines and run files
 
 FRAMEWORK = "transformer-tp"
@@ -185,7 +185,7 @@ def main(args):
                         width=args.width, dropout=args.dropout, seed=args.seed)
     model = gpt.GPT(config).to(device)  # the same weights on every rank (model.py: seeded)
     x, y = text.windows(train, torch.tensor([0]), args.context)  # a sequence: FLOPs per token
-    per_token = gpt.flops_per_token(model, x.to(device), y.to(device))  # (the whole model's)
+    per_token = flops_per_token(model, x.to(device), y.to(device))  # (the whole model's)
     # [5] Split each block over the tp ranks, then shard what each holds over the dp ranks.
     if tp > 1:
         apply_tp(model, mesh["tp"])
@@ -228,7 +228,7 @@ def main(args):
     log.info(f"{tokens_per_s:,.0f} tokens/s per rank; a step hands collectives "
              f"{sum(v['bytes'] for v in tp_sent.values()) / 2**20:.2f} MiB of activations per "
              f"rank (counted: {sum(v['bytes'] for v in counted.values()) / 2**20:.2f} MiB); "
-             f"peak memory {gpt.peak_memory(device) / 2**20:,.0f} MiB (rank 0)")
+             f"peak memory {peak_memory(device) / 2**20:,.0f} MiB (rank 0)")
     held = [None] * world_size  # what each rank holds of the parameters
     dist.all_gather_object(held, sum((p.to_local() if isinstance(p, DTensor) else p).nbytes
                                      for p in model.parameters()))
@@ -240,7 +240,7 @@ def main(args):
     run.summary({"device": device, "dp": dp, "tp": tp, "tokens_per_s_per_rank": tokens_per_s,
                  "flops_per_token": per_token, "param_bytes_per_rank": held,
                  "wire_per_step": sent, "wire_counted": counted,
-                 "peak_memory_bytes": gpt.peak_memory(device)})
+                 "peak_memory_bytes": peak_memory(device)})
     dist.destroy_process_group()
 
 
