@@ -33,7 +33,7 @@ from support import (
     without_timing,
 )
 from tools.launch import launch_command
-from tools.lift import OPTIONAL, helpers_of, lift
+from tools.lift import OPTIONAL, chapter_modules, helpers_of, lift
 
 # Each lesson that lifts out, and the launchers its copy is run under: under both it ends as the lesson's
 # 2-rank run in the course under the first, digit for digit (mpiexec's run is the copy's alone).
@@ -74,6 +74,17 @@ def test_the_helpers_line_count_a_page_quotes_is_the_files(page):
     lines = sum(len(p.read_text().splitlines()) for p in helpers)
     quoted = re.findall(r"(\d+) lines\s+together", (ROOT / page).read_text())
     assert quoted == [str(lines)], f"{page} quotes {quoted}; the helpers have {lines} lines"
+
+
+@pytest.mark.parametrize("lesson", [ROOT / "transformer" / f"{name}.py" for name in ("ddp", "fsdp", "tp", "cp",
+                                                                                     "ep", "pp")],
+                         ids=lambda p: p.name)
+def test_the_lines_a_chapter_copy_takes_along_are_the_files(lesson):
+    """transformer/README.md's count of what a copy of a chapter lesson takes along (its four modules and the
+    helpers), the same for each of the six lessons: the files' own count today."""
+    counted = sum(len(p.read_text().splitlines()) for p in chapter_modules(lesson) + helpers_of(lesson))
+    quoted = re.findall(r"takes (\d+) lines along", (ROOT / "transformer" / "README.md").read_text().replace("\n", " "))
+    assert quoted == [str(counted)], f"transformer/README.md quotes {quoted}; {lesson.name} takes {counted} lines"
 
 
 @pytest.fixture(scope="module")

@@ -29,16 +29,23 @@ def utils_imports(path):
 
 
 def chapter_modules(lesson):
-    """The modules of the lesson's own folder that it imports (transformer/model.py): part of the
-    chapter, taken along beside it, not counted as helpers."""
-    chapter, found = lesson.parent.name, set()
-    for node in ast.walk(ast.parse(lesson.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module == chapter:  # from zero import census, flags
-            found |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(chapter + "."):
-            found.add(node.module.split(".")[1])  # from zero.flags import Checked
-    # (only files of the folder: deepspeed/ and horovod/ share their names with the libraries)
-    return sorted(path for path in (lesson.parent / f"{name}.py" for name in found) if path.is_file())
+    """The modules of the lesson's own folder that it imports, directly or through one another
+    (transformer/chapter.py, model.py): part of the chapter, taken along beside it, not counted as
+    helpers."""
+    chapter, found, todo = lesson.parent.name, set(), [lesson]
+    while todo:
+        names = set()
+        for node in ast.walk(ast.parse(todo.pop().read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == chapter:  # from zero import flags
+                names |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(chapter + "."):
+                names.add(node.module.split(".")[1])  # from zero.flags import Checked
+        # (only files of the folder: deepspeed/ and horovod/ share their names with the libraries)
+        for path in (lesson.parent / f"{name}.py" for name in names - found):
+            if path.is_file() and path != lesson:
+                found.add(path.stem)
+                todo.append(path)
+    return sorted(lesson.parent / f"{name}.py" for name in found)
 
 
 def helpers_of(lesson):

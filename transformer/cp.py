@@ -24,8 +24,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from transformer import chapter, text  # what the six lessons do alike; the text and its flags
 from transformer import model as gpt  # the chapter's model
-from transformer import text  # its text (bytes) and flags
 from transformer.measure import WireBytes, flops_per_token, peak_memory  # what it measures
 from utils import log  # the course's helper: rank 0's lines and run files
 
@@ -204,16 +204,10 @@ def main(args):
     store = meeting_place(rank, world_size, wait)
     dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=wait, store=store)
     ring = dist.new_group()
-    log.configure(rank, local_rank, args.log_all_ranks)
-    log_dir = [args.log_dir or log.default_log_dir("transformer-cp")]  # rank 0's time
-    dist.broadcast_object_list(log_dir, src=0)
-    run = log.RunLog(log_dir[0], rank == 0)
-    train, test, about = text.load(args.data_dir, args.download, rank == 0, barrier=dist.barrier)
-    config = gpt.Config(context=args.context, layers=args.layers, heads=args.heads,
-                        width=args.width, dropout=args.dropout, seed=args.seed)
+    run, log_dir, train, test, about = chapter.open_run("transformer-cp", args, rank, local_rank)
+    config = chapter.model_config(args)
     model = gpt.GPT(config).to(device)  # the same weights on every rank (model.py: seeded)
-    x, y = text.windows(train, torch.tensor([0]), args.context)  # a sequence: FLOPs per token
-    per_token = flops_per_token(model, x.to(device), y.to(device))
+    per_token = flops_per_token(model, train, args.context, device)  # the whole model
     # [5] Every rank holds the whole model; its attention becomes ring attention. Then DDP, as in
     #     ddp.py.
     if world_size > 1:
@@ -227,17 +221,15 @@ def main(args):
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
     run.write_config(args, dict(rank=rank, local_rank=local_rank, world_size=world_size,
                                 local_world_size=local_size, launcher=launcher, device=device,
-                                backend=backend, num_threads=threads, log_dir=log_dir[0],
+                                backend=backend, num_threads=threads, log_dir=log_dir,
                                 master_addr=os.environ["MASTER_ADDR"], cp=world_size, scaled_lr=lr),
                     FRAMEWORK)
     steps = min(args.max_steps, max(1, len(train) // (args.batch_size * args.context)))
-    tests = torch.arange(0, len(test) - args.context - 1, args.context)[:text.TEST_WINDOWS]
+    tests = chapter.test_starts(test, args.context)
     wire = WireBytes()
     for epoch in range(1, args.epochs + 1):
         # [3] No sharding of sequences: every rank draws the same ones, and takes its tokens.
-        draw = torch.Generator().manual_seed(args.seed * 1000 + epoch)
-        starts = torch.randint(len(train) - args.context - 1, (steps, args.batch_size),
-                               generator=draw)
+        starts = chapter.draw_starts(train, args, epoch, steps, args.batch_size)
         start = time.perf_counter()
         sums = run_epoch(model, optimizer, train, starts, args, device,
                          log.Progress(rank == 0, steps, epoch, args.log_interval), wire)
@@ -255,7 +247,7 @@ def main(args):
              f"MiB); peak memory {peak_memory(device) / 2**20:,.0f} MiB (rank 0)")
     net = model.module if world_size > 1 else model
     if args.save_model and rank == 0:  # [8] one writer: every rank holds the same whole model
-        log.atomic_write(Path(log_dir[0]) / "model.pt", lambda f: torch.save(net.state_dict(), f),
+        log.atomic_write(Path(log_dir) / "model.pt", lambda f: torch.save(net.state_dict(), f),
                          mode="wb")
     run.summary({"device": device, "cp": world_size, "tokens_per_s_per_rank": tokens_per_s,
                  "flops_per_token": per_token, "wire_per_step": sent,

@@ -24,8 +24,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from transformer import chapter, text  # what the six lessons do alike; the text and its flags
 from transformer import model as gpt  # the chapter's model
-from transformer import text  # its text (bytes) and flags
 from transformer.measure import flops_per_token, matmul_peak, peak_memory  # what it measures
 from utils import log  # the course's helper: rank 0's lines and run files
 
@@ -71,8 +71,7 @@ def train_epoch(model, optimizer, train, epoch, steps, rank, world_size, args, d
     progress = log.Progress(rank == 0, steps, epoch, args.log_interval)
     # [3] Shard by global rank: every rank draws the same starts for the whole global batch (one
     #     seed per epoch) and takes its own B of them: N ranks see what one process sees at N x B.
-    draw = torch.Generator().manual_seed(args.seed * 1000 + epoch)
-    starts = torch.randint(len(train) - context - 1, (steps, world_size * B), generator=draw)
+    starts = chapter.draw_starts(train, args, epoch, steps, world_size * B)
     start, first_step = time.perf_counter(), 0.0
     for step in range(steps):
         x, y = (t.to(device) for t in text.windows(train, starts[step, rank * B:(rank + 1) * B],
@@ -96,7 +95,7 @@ def evaluate(model, test, rank, world_size, args, device):
     """The same fixed windows of the test split every epoch, dealt out over the ranks."""
     model.eval()
     sums, context = [0.0, 0, 0], args.context
-    starts = torch.arange(0, len(test) - context - 1, context)[:text.TEST_WINDOWS][rank::world_size]
+    starts = chapter.test_starts(test, context)[rank::world_size]
     for batch in starts.split(args.test_batch_size):
         x, y = (t.to(device) for t in text.windows(test, batch, context))
         with torch.autocast(device.split(":")[0], torch.bfloat16, enabled=args.bf16):
@@ -132,28 +131,19 @@ def main(args):
     if world_size > 1:  # (one process: no group, as pytorch/examples' MNIST)
         store = meeting_place(rank, world_size, wait)
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=wait)
-    log.configure(rank, local_rank, args.log_all_ranks)
-    log_dir = [args.log_dir or log.default_log_dir("transformer-ddp")]  # rank 0's time
-    if world_size > 1 and not args.log_dir:
-        dist.broadcast_object_list(log_dir, src=0)
-    run = log.RunLog(log_dir[0], rank == 0)
-    train, test, about = text.load(args.data_dir, args.download, rank == 0,
-                                   barrier=dist.barrier if world_size > 1 else lambda: None)
-    config = gpt.Config(context=args.context, layers=args.layers, heads=args.heads,
-                        width=args.width, dropout=args.dropout, seed=args.seed,
-                        recompute=args.activation_checkpointing)
+    run, log_dir, train, test, about = chapter.open_run("transformer-ddp", args, rank, local_rank)
+    config = chapter.model_config(args, recompute=args.activation_checkpointing)
     torch.manual_seed(args.seed)
     model = gpt.GPT(config).to(device)
     log.info(f"{FRAMEWORK}: {world_size} rank(s) via {launcher}, device {device}, backend "
              f"{backend}, {threads} thread(s) per rank\n{about}\nmodel: "
              f"{sum(p.numel() for p in model.parameters()):,} parameters, {config}")
-    x, y = text.windows(train, torch.tensor([0]), args.context)  # a sequence: FLOPs per token
-    per_token = flops_per_token(model, x.to(device), y.to(device))  # before any step: counts
+    per_token = flops_per_token(model, train, args.context, device)  # before any step: counts
     # [4] Scale the LR with the global batch (world_size x one rank's), as the course does; for
     #     AdamW that rule is a choice, not a law (README.md, [4]).
     lr = args.lr * world_size if not args.no_lr_scaling else args.lr
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
-    checkpoint = log.checkpoint_folder(args.checkpoint_dir, log_dir[0]) / "checkpoint.pt"
+    checkpoint = log.checkpoint_folder(args.checkpoint_dir, log_dir) / "checkpoint.pt"
     first_epoch = 1
     if args.resume and checkpoint.exists():  # [8] every rank reads the same file: the same weights
         state = torch.load(checkpoint, map_location=device, weights_only=True)  # no code runs
@@ -172,7 +162,7 @@ def main(args):
         model = torch.compile(model)
     run.write_config(args, dict(rank=rank, local_rank=local_rank, world_size=world_size,
                                 local_world_size=local_size, launcher=launcher, device=device,
-                                backend=backend, num_threads=threads, log_dir=log_dir[0],
+                                backend=backend, num_threads=threads, log_dir=log_dir,
                                 master_addr=os.environ["MASTER_ADDR"], scaled_lr=lr), FRAMEWORK)
     # an epoch: as many windows as the training text has tokens, or --max-steps (default 200)
     steps = min(args.max_steps, max(1, len(train) // (world_size * args.batch_size * args.context)))
@@ -209,7 +199,7 @@ def main(args):
     if world_size > 1:
         dist.all_gather_object(checksums, checksums[0])  # all equal, or DDP is broken
     if args.save_model and rank == 0:
-        torch.save(net.state_dict(), Path(log_dir[0]) / "model.pt")
+        torch.save(net.state_dict(), Path(log_dir) / "model.pt")
     run.summary({"param_checksums": checksums, "device": device, "tokens_per_s_per_rank":
                  tokens_per_s, "flops_per_token": per_token, "matmul_peak": peak,
                  "mfu": mfu, "parameters": weights.numel(), "first_step_s": timing[0],

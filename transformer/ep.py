@@ -26,8 +26,8 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed._functional_collectives import all_to_all_single_autograd  # (torchtitan's)
 
+from transformer import chapter, text  # what the six lessons do alike; the text and its flags
 from transformer import model as gpt  # the chapter's model
-from transformer import text  # its text (bytes) and flags
 from transformer.measure import WireBytes, flops_per_token, peak_memory  # what it measures
 from utils import log  # the course's helper: rank 0's lines and run files
 
@@ -147,18 +147,11 @@ def main(args):
     wait = timedelta(seconds=args.dist_timeout)
     store = meeting_place(rank, world_size, wait)
     dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=wait, store=store)
-    log.configure(rank, local_rank, args.log_all_ranks)
-    log_dir = [args.log_dir or log.default_log_dir("transformer-ep")]  # rank 0's time
-    dist.broadcast_object_list(log_dir, src=0)
-    run = log.RunLog(log_dir[0], rank == 0)
-    train, test, about = text.load(args.data_dir, args.download, rank == 0, barrier=dist.barrier)
-    config = gpt.Config(context=args.context, layers=args.layers, heads=args.heads,
-                        width=args.width, dropout=args.dropout, seed=args.seed,
-                        experts=args.experts, top_k=args.top_k,
-                        capacity_factor=args.capacity_factor)
+    run, log_dir, train, test, about = chapter.open_run("transformer-ep", args, rank, local_rank)
+    config = chapter.model_config(args, experts=args.experts, top_k=args.top_k,
+                                  capacity_factor=args.capacity_factor)
     model = gpt.GPT(config).to(device)  # every expert, the same on every rank (seeded)
-    x, y = text.windows(train, torch.tensor([0]), args.context)  # a sequence: FLOPs per token
-    per_token = flops_per_token(model, x.to(device), y.to(device))
+    per_token = flops_per_token(model, train, args.context, device)  # the whole model
     # [5] Keep this rank's experts (E/N of each block's) and exchange tokens for the rest; the
     #     other layers stay whole on every rank, as in DDP ([6] averages their gradients).
     share = args.experts // world_size  # (text.Parser checked that it divides)
@@ -174,19 +167,15 @@ def main(args):
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
     run.write_config(args, dict(rank=rank, local_rank=local_rank, world_size=world_size,
                                 local_world_size=local_size, launcher=launcher, device=device,
-                                backend=backend, num_threads=threads, log_dir=log_dir[0],
+                                backend=backend, num_threads=threads, log_dir=log_dir,
                                 master_addr=os.environ["MASTER_ADDR"], scaled_lr=lr), FRAMEWORK)
     steps = min(args.max_steps, max(1, len(train) // (world_size * args.batch_size * args.context)))
-    B, tests = args.batch_size, torch.arange(0, len(test) - args.context - 1, args.context)
-    tests = tests[:text.TEST_WINDOWS]
-    tests = tests[:len(tests) // world_size * world_size]  # as many on every rank
+    B, tests = args.batch_size, chapter.test_starts(test, args.context, world_size)  # as many a rank
     wire = WireBytes()
     for epoch in range(1, args.epochs + 1):
         # [3] Shard by global rank, as in ddp.py: each rank its own B of the global batch (a
         #     capacity holds per sequence, so the experts see what one process would show them).
-        draw = torch.Generator().manual_seed(args.seed * 1000 + epoch)
-        starts = torch.randint(len(train) - args.context - 1, (steps, world_size * B),
-                               generator=draw)
+        starts = chapter.draw_starts(train, args, epoch, steps, world_size * B)
         start = time.perf_counter()
         sums = run_epoch(model, optimizer, train, starts[:, rank * B:(rank + 1) * B], args, device,
                          log.Progress(rank == 0, steps, epoch, args.log_interval), wire)
@@ -214,7 +203,7 @@ def main(args):
     for part in everyone:
         state.update(part)
     if args.save_model and rank == 0:
-        log.atomic_write(Path(log_dir[0]) / "model.pt", lambda f: torch.save(state, f), mode="wb")
+        log.atomic_write(Path(log_dir) / "model.pt", lambda f: torch.save(state, f), mode="wb")
     run.summary({"device": device, "tokens_per_s_per_rank": tokens_per_s,
                  "flops_per_token": per_token, "expert_tokens": routed, "expert_dropped": dropped,
                  "capacity": model.blocks[0].mlp.capacity, "wire_per_step": wire.per_step(),

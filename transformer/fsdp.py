@@ -38,8 +38,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
+from transformer import chapter, text  # what the six lessons do alike; the text and its flags
 from transformer import model as gpt  # the chapter's model
-from transformer import text  # its text (bytes) and flags
 from transformer.measure import flops_per_token, matmul_peak, peak_memory  # what it measures
 from utils import log  # the course's helper: rank 0's lines and run files
 
@@ -161,13 +161,8 @@ def main(args):
     shards = world_size // args.replicate  # (text.Parser checked that it divides)
     mesh = init_device_mesh(device.split(":")[0], (args.replicate, shards),
                             mesh_dim_names=("replicate", "shard"))
-    log.configure(rank, local_rank, args.log_all_ranks)
-    log_dir = [args.log_dir or log.default_log_dir("transformer-fsdp")]  # rank 0's time
-    dist.broadcast_object_list(log_dir, src=0)
-    run = log.RunLog(log_dir[0], rank == 0)
-    train, test, about = text.load(args.data_dir, args.download, rank == 0, barrier=dist.barrier)
-    config = gpt.Config(context=args.context, layers=args.layers, heads=args.heads,
-                        width=args.width, dropout=args.dropout, seed=args.seed)
+    run, log_dir, train, test, about = chapter.open_run("transformer-fsdp", args, rank, local_rank)
+    config = chapter.model_config(args)
     # [5] Build on the meta device (shapes, no memory), shard it, then allocate the slices and
     #     initialise them (model.py: the same model at any world size).
     with torch.device("meta"):
@@ -178,8 +173,7 @@ def main(args):
     log.info(f"{FRAMEWORK}: {world_size} rank(s) via {launcher} = {args.replicate} cop(ies) x "
              f"{shards} shard(s), device {device}, backend {backend}, {threads} thread(s) per "
              f"rank, {'bf16' if args.bf16 else 'fp32'}\n{about}\nmodel: {config}")
-    x, y = text.windows(train, torch.tensor([0]), args.context)  # a sequence: FLOPs per token
-    per_token = flops_per_token(model, x.to(device), y.to(device))  # before any step: counts
+    per_token = flops_per_token(model, train, args.context, device)  # before any step: counts
     # [4] Scale the LR with the global batch (world_size x one rank's), as the course does; for
     #     AdamW that rule is a choice, not a law (README.md, [4]).
     lr = args.lr * world_size if not args.no_lr_scaling else args.lr
@@ -187,7 +181,7 @@ def main(args):
     # [8] Checkpoints (torch.distributed.checkpoint, DCP): a folder per epoch, each rank writing
     #     its own slices, .metadata saying which file holds what. On a gloo group of their own:
     #     a save in the background never meets training's collectives (nor needs a GPU's).
-    folder = log.checkpoint_folder(args.checkpoint_dir, log_dir[0])
+    folder = log.checkpoint_folder(args.checkpoint_dir, log_dir)
     saver = dist.new_group(backend="gloo")
     first_epoch, shape, kept = 1, config.shape(), None  # kept: the last whole checkpoint
     if args.resume and (folder / "latest").is_file():
@@ -209,19 +203,17 @@ def main(args):
     run.keep_epochs_before(first_epoch)
     run.write_config(args, dict(rank=rank, local_rank=local_rank, world_size=world_size,
                                 local_world_size=local_size, launcher=launcher, device=device,
-                                backend=backend, num_threads=threads, log_dir=log_dir[0],
+                                backend=backend, num_threads=threads, log_dir=log_dir,
                                 master_addr=os.environ["MASTER_ADDR"], shards=shards, scaled_lr=lr),
                     FRAMEWORK)
     # an epoch: as many windows as the training text has tokens, or --max-steps (default 200)
     steps = min(args.max_steps, max(1, len(train) // (world_size * args.batch_size * args.context)))
-    B, tests = args.batch_size, torch.arange(0, len(test) - args.context - 1, args.context)
-    tests = tests[:min(text.TEST_WINDOWS, len(tests)) // world_size * world_size]  # as many a rank
+    B, tests = args.batch_size, chapter.test_starts(test, args.context, world_size)  # as many a rank
     marker, marking = ThreadPoolExecutor(1), None  # marks each save when whole, in their order
     for epoch in range(first_epoch, args.epochs + 1):
         # [3] Shard by global rank, as in ddp.py: the same starts drawn for the global batch on
         #     every rank, each taking its own B (FSDP is data parallel: each rank, its sequences).
-        draw = torch.Generator().manual_seed(args.seed * 1000 + epoch)
-        starts = torch.randint(len(train) - args.context - 1, (steps, world_size * B), generator=draw)
+        starts = chapter.draw_starts(train, args, epoch, steps, world_size * B)
         start = time.perf_counter()
         sums = run_epoch(model, optimizer, train, starts[:, rank * B:(rank + 1) * B], args, device,
                          log.Progress(rank == 0, steps, epoch, args.log_interval))
@@ -253,7 +245,7 @@ def main(args):
     state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
                                                                  cpu_offload=True))
     if args.save_model and rank == 0:
-        log.atomic_write(Path(log_dir[0]) / "model.pt", lambda f: torch.save(state, f), mode="wb")
+        log.atomic_write(Path(log_dir) / "model.pt", lambda f: torch.save(state, f), mode="wb")
     weights = torch.cat([t.detach().float().flatten() for t in state.values()]) if state else None
     run.summary({"weights_checksum": hashlib.sha256(weights.numpy().tobytes()).hexdigest()[:16]
                  if rank == 0 else None,

@@ -11,6 +11,7 @@ from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from transformer.model import MoE, loss_fn
+from transformer.text import windows
 
 WIRE_OPS = ("all_reduce", "allreduce_", "all_gather_into_tensor", "reduce_scatter_tensor",
             "broadcast_", "send", "all_to_all_single")
@@ -97,10 +98,12 @@ for _kernel, _formula in (("_scaled_dot_product_flash_attention_for_cpu", _atten
         CPU_ATTENTION[getattr(torch.ops.aten, _kernel)] = _formula
 
 
-def flops_per_token(model, x, y):
-    """FLOPs of one forward and backward per token, counted by torch's FlopCounterMode on a batch
-    (matmuls and attention, whole: the causal mask's skipped half is counted, as torch does)."""
+def flops_per_token(model, tokens, context, device):
+    """FLOPs of one forward and backward per token, counted by torch's FlopCounterMode on the
+    text's first window (matmuls and attention, whole: the causal mask's skipped half is counted,
+    as torch does). Before any step: the count leaves no gradient and no routing behind."""
     from torch.utils.flop_counter import FlopCounterMode
+    x, y = (t.to(device) for t in windows(tokens, torch.tensor([0]), context))
     recompute, model.config.recompute = model.config.recompute, False  # the model's, not redone
     with FlopCounterMode(display=False, custom_mapping=CPU_ATTENTION) as counter:
         loss_fn(model(x), y).backward()

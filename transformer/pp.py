@@ -32,8 +32,8 @@ from torch.distributed.pipelining import (
     ScheduleInterleavedZeroBubble,
 )
 
+from transformer import chapter, text  # what the six lessons do alike; the text and its flags
 from transformer import model as gpt  # the chapter's model
-from transformer import text  # its text (bytes) and flags
 from transformer.measure import TimedStage, WireBytes, flops_per_token, peak_memory
 from utils import log  # the course's helper: rank 0's lines and run files
 
@@ -187,16 +187,10 @@ def main(args):
     wait = timedelta(seconds=args.dist_timeout)
     store = meeting_place(rank, world_size, wait)
     dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=wait, store=store)
-    log.configure(rank, local_rank, args.log_all_ranks)
-    log_dir = [args.log_dir or log.default_log_dir("transformer-pp")]  # rank 0's time
-    dist.broadcast_object_list(log_dir, src=0)
-    run = log.RunLog(log_dir[0], rank == 0)
-    train, test, about = text.load(args.data_dir, args.download, rank == 0, barrier=dist.barrier)
-    config = gpt.Config(context=args.context, layers=args.layers, heads=args.heads,
-                        width=args.width, dropout=args.dropout, seed=args.seed)
+    run, log_dir, train, test, about = chapter.open_run("transformer-pp", args, rank, local_rank)
+    config = chapter.model_config(args)
     model = gpt.GPT(config).to(device)  # the same weights on every rank (model.py: seeded)
-    x, y = text.windows(train, torch.tensor([0]), args.context)  # a sequence: FLOPs per token
-    per_token = flops_per_token(model, x.to(device), y.to(device))
+    per_token = flops_per_token(model, train, args.context, device)  # the whole model
     # [5] Cut the blocks into stages, keep this rank's, and the schedule that runs them.
     stages, mine, parts, held, schedule = apply_pp(model, rank, world_size, args, device)
     last = (stages - 1) % world_size  # the rank of the last stage (the first's: rank 0)
@@ -212,19 +206,17 @@ def main(args):
     optimizer = torch.optim.AdamW(weights, lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
     run.write_config(args, dict(rank=rank, local_rank=local_rank, world_size=world_size,
                                 local_world_size=local_size, launcher=launcher, device=device,
-                                backend=backend, num_threads=threads, log_dir=log_dir[0],
+                                backend=backend, num_threads=threads, log_dir=log_dir,
                                 master_addr=os.environ["MASTER_ADDR"], stages=stages,
                                 scaled_lr=lr), FRAMEWORK)
     steps = min(args.max_steps, max(1, len(train) // (args.batch_size * args.context)))
-    tests = torch.arange(0, len(test) - args.context - 1, args.context)[:text.TEST_WINDOWS]
-    tests = tests[:len(tests) // args.batch_size * args.batch_size]  # whole micro-batches
+    tests = chapter.test_starts(test, args.context, args.batch_size)  # whole micro-batches
     wire, timing = WireBytes(), []
     for epoch in range(1, args.epochs + 1):
         # [3] No sharding: one pipeline takes one stream of batches. Every rank draws the same
         #     sequences; the first stage reads the bytes, the last the targets.
-        args.epoch, draw = epoch, torch.Generator().manual_seed(args.seed * 1000 + epoch)
-        starts = torch.randint(len(train) - args.context - 1, (steps, args.batch_size),
-                               generator=draw)
+        args.epoch = epoch
+        starts = chapter.draw_starts(train, args, epoch, steps, args.batch_size)
         start = time.perf_counter()
         sums = run_epoch(parts, held, schedule, optimizer, train, starts, args, device, True, wire,
                          timing)
@@ -253,7 +245,7 @@ def main(args):
                                       for k, t in part.state_dict().items()})
     state = {k: t for each in everyone for k, t in each.items()}
     if args.save_model and rank == 0:
-        log.atomic_write(Path(log_dir[0]) / "model.pt", lambda f: torch.save(state, f), mode="wb")
+        log.atomic_write(Path(log_dir) / "model.pt", lambda f: torch.save(state, f), mode="wb")
     run.summary({"device": device, "stages": stages, "schedule": args.schedule,
                  "micro_batches": args.micro_batches, "idle_fraction": idle,
                  "idle_fraction_theory": theory, "timeline": timeline, "tokens_per_s_per_rank": tokens_per_s,

@@ -35,8 +35,8 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from transformer import chapter, text  # what the six lessons do alike; the text and its flags
 from transformer import model as gpt  # the chapter's model
-from transformer import text  # its text (bytes) and flags
 from transformer.measure import WireBytes, flops_per_token, peak_memory  # what it measures
 from utils import log  # the course's helper: rank 0's lines and run files
 
@@ -176,16 +176,10 @@ def main(args):
     dp, tp = args.dp, world_size // args.dp  # (text.Parser checked that it divides, and heads)
     mesh = init_device_mesh(device.split(":")[0], (dp, tp), mesh_dim_names=("dp", "tp"))
     dp_rank = mesh.get_local_rank("dp")
-    log.configure(rank, local_rank, args.log_all_ranks)
-    log_dir = [args.log_dir or log.default_log_dir("transformer-tp")]  # rank 0's time
-    dist.broadcast_object_list(log_dir, src=0)
-    run = log.RunLog(log_dir[0], rank == 0)
-    train, test, about = text.load(args.data_dir, args.download, rank == 0, barrier=dist.barrier)
-    config = gpt.Config(context=args.context, layers=args.layers, heads=args.heads,
-                        width=args.width, dropout=args.dropout, seed=args.seed)
+    run, log_dir, train, test, about = chapter.open_run("transformer-tp", args, rank, local_rank)
+    config = chapter.model_config(args)
     model = gpt.GPT(config).to(device)  # the same weights on every rank (model.py: seeded)
-    x, y = text.windows(train, torch.tensor([0]), args.context)  # a sequence: FLOPs per token
-    per_token = flops_per_token(model, x.to(device), y.to(device))  # (the whole model's)
+    per_token = flops_per_token(model, train, args.context, device)  # (the whole model's)
     # [5] Split each block over the tp ranks, then shard what each holds over the dp ranks.
     if tp > 1:
         apply_tp(model, mesh["tp"])
@@ -198,19 +192,16 @@ def main(args):
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
     run.write_config(args, dict(rank=rank, local_rank=local_rank, world_size=world_size,
                                 local_world_size=local_size, launcher=launcher, device=device,
-                                backend=backend, num_threads=threads, log_dir=log_dir[0],
+                                backend=backend, num_threads=threads, log_dir=log_dir,
                                 master_addr=os.environ["MASTER_ADDR"], dp=dp, tp=tp, scaled_lr=lr),
                     FRAMEWORK)
     steps = min(args.max_steps, max(1, len(train) // (dp * args.batch_size * args.context)))
-    B, tests = args.batch_size, torch.arange(0, len(test) - args.context - 1, args.context)
-    tests = tests[:text.TEST_WINDOWS]
-    tests = tests[:len(tests) // dp * dp]  # as many on every copy
+    B, tests = args.batch_size, chapter.test_starts(test, args.context, dp)  # as many a copy
     wire = WireBytes()
     for epoch in range(1, args.epochs + 1):
         # [3] Shard by the *dp* rank only: the tp ranks of a copy all take the same sequences
         #     (each computes its heads and columns for all of them).
-        draw = torch.Generator().manual_seed(args.seed * 1000 + epoch)
-        starts = torch.randint(len(train) - args.context - 1, (steps, dp * B), generator=draw)
+        starts = chapter.draw_starts(train, args, epoch, steps, dp * B)
         start = time.perf_counter()
         sums = run_epoch(model, optimizer, train, starts[:, dp_rank * B:(dp_rank + 1) * B], args,
                          device, log.Progress(rank == 0, steps, epoch, args.log_interval), wire)
@@ -236,7 +227,7 @@ def main(args):
     state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
                                                                  cpu_offload=True))
     if args.save_model and rank == 0:
-        log.atomic_write(Path(log_dir[0]) / "model.pt", lambda f: torch.save(state, f), mode="wb")
+        log.atomic_write(Path(log_dir) / "model.pt", lambda f: torch.save(state, f), mode="wb")
     run.summary({"device": device, "dp": dp, "tp": tp, "tokens_per_s_per_rank": tokens_per_s,
                  "flops_per_token": per_token, "param_bytes_per_rank": held,
                  "wire_per_step": sent, "wire_counted": counted,
