@@ -2,8 +2,12 @@
 and print each row's exit code and stderr as one JSON line: support.run_rows, for a lesson's refusals. Each row
 runs in a process forked from this one, which is warm (tests/warm.py) and has no group or thread of its own: a
 row refused after it joined its group (DeepSpeed's data check comes after [1]) takes that group, and what
-DeepSpeed caches of it, with it, as a process of its own would."""
+DeepSpeed caches of it, with it, as a process of its own would. What the lesson imports at its top level is
+imported once, before the forks (TensorFlow's import alone is 4 s a row otherwise); that starts no thread, which
+is checked, since a fork copies none."""
+import ast
 import contextlib
+import importlib
 import io
 import json
 import os
@@ -12,6 +16,14 @@ import sys
 
 script, rows = sys.argv[1], json.loads(sys.argv[2])
 sys.path[0] = os.path.dirname(os.path.abspath(script))
+threads = len(os.listdir("/proc/self/task"))
+for node in ast.parse(open(script).read()).body:  # the lesson's own top-level imports (not the optional one)
+    names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+        [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 else []
+    for name in names:
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)
+assert len(os.listdir("/proc/self/task")) == threads, "the lesson's imports started threads: a fork would copy them"
 results = []
 for row in rows:
     read, write = os.pipe()
