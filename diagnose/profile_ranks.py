@@ -38,13 +38,6 @@ if os.environ.get("COURSE_VERBOSE", "").strip().lower() in ("", "0", "false", "n
 sys.path.append(str(ROOT))
 
 
-def rank_from_env():
-    """(rank, world size), as each launcher the course knows sets them (course/dist.py discover)."""
-    from course.ranks import discover
-    me = discover()
-    return me.rank, me.world_size
-
-
 class Spans:
     """What tools/phases.py's patch() asks of a timer: wrap(phase, fn) and start_epoch(epoch). Each
     wrapped call becomes a record_function span; the outermost optimizer call ends a step."""
@@ -113,11 +106,12 @@ def profile(argv):
     if args.slow_ms < 0 or (args.slow_ms and args.slow_rank is None):
         p.error("--slow-ms needs a non-negative value and --slow-rank")
 
-    sys.path.append(str(ROOT / "tools"))
-    import phases  # the same calls, the same patching, as the phase timer
+    from tools import phases  # the same calls, the same patching, as the phase timer
 
     framework = phases.framework_of(lesson_argv[0])
-    rank, world_size = rank_from_env()
+    from course.ranks import discover  # the course's one reading of the ranks, every launcher's
+    me = discover()
+    rank, world_size = me.rank, me.world_size
     out = Path(args.out or f"runs/profile-{time.strftime('%Y%m%d-%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)
 

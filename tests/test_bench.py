@@ -6,16 +6,7 @@ import sys
 import pytest
 
 from support import DDP, DS, HVD_TORCH, ROOT, check, python, run
-
-sys.path.append(str(ROOT / "tools"))  # the tools import each other by name, as when run as programs
-import bench
-import bench_cpu
-import bench_overhead
-import bench_report
-import bench_runs
-import bench_split
-import bench_transformer
-import bench_wire
+from tools import bench, bench_cpu, bench_overhead, bench_report, bench_runs, bench_split, bench_transformer, bench_wire
 
 
 def test_efficiency_arithmetic():
@@ -43,7 +34,7 @@ def test_the_overhead_compares_mean_steps_epoch_by_epoch_after_the_warm_up():
 TAKER = """
 import sys
 sys.path.append(sys.argv[3])
-import phases
+from tools import phases
 name, log = sys.argv[1], sys.argv[2]
 timer = phases.StepTimer(turns=phases.Turns.from_env())
 for step in range(1, 4):
@@ -55,7 +46,7 @@ sys.exit(int(sys.argv[4]))
 
 
 def taker(name, log, code=0):
-    return [sys.executable, "-c", TAKER, name, log, ROOT / "tools", code]
+    return [sys.executable, "-c", TAKER, name, log, ROOT, code]
 
 
 def test_two_real_processes_take_turns_step_by_step(tmp_path):

@@ -4,18 +4,13 @@ every README image exists and every figure is used."""
 import json
 import re
 import shlex
-import sys
 
 import pytest
 import torch
 
-from support import DDP, HVD_TORCH, ROOT, check, metrics, python, run, torchrun
-
-sys.path.append(str(ROOT / "tools"))  # the tools import each other by name, as when run as programs
-import figures
-import figures_plots
-import figures_runs
 from course.torch_utils import Net
+from support import DDP, HVD_TORCH, ROOT, check, metrics, python, run, torchrun
+from tools import figures, figures_plots, figures_runs
 from utils.parse_args import clip_flag, get_parser
 
 IMAGE_EXT = (".png", ".svg", ".jpg", ".jpeg", ".gif")

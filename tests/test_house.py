@@ -164,6 +164,16 @@ def test_no_lesson_and_no_utils_module_imports_the_tools():
     assert sorted(users) == ["diagnose/profile_ranks.py", "zero/report.py"], users
 
 
+def test_the_tools_import_one_another_one_way():
+    """`from tools import bench_runs` or `from tools.launch import ...`, never by bare name (which needs tools/ on
+    sys.path, and can load one module twice under two names), in the tools, the tests and diagnose/."""
+    own = {p.stem for p in (ROOT / "tools").glob("*.py")}
+    files = [*(ROOT / "tools").glob("*.py"), *(ROOT / "tests").glob("*.py"), *(ROOT / "diagnose").glob("*.py")]
+    by_name = sorted(f"{p.relative_to(ROOT)}: {name}" for p in files for name in imported(p)
+                     if name.split(".")[0] in own)
+    assert by_name == [], by_name
+
+
 def test_one_rule_says_where_a_checkpoint_lives():
     """utils/log.py's checkpoint_folder: no lesson spells out <log dir>/checkpoints itself."""
     spelled = [str(p.relative_to(ROOT)) for p in [*LESSONS, *UTILS.values()] if '"checkpoints"' in p.read_text()]

@@ -1,16 +1,12 @@
 """tools/phases.py (an example's own step timed phase by phase) and `bench.py --phases`."""
 import json
 import os
-import sys
 
 import pytest
 
-from support import DDP, DS, HVD_TF, ROOT, check, metrics, python, run
-
-sys.path.append(str(ROOT / "tools"))  # the tools import each other by name, as when run as programs
-import bench
-import bench_phases
-import phases
+from course.ranks import discover
+from support import DDP, DS, HVD_TF, check, metrics, python, run
+from tools import bench, bench_phases, phases
 
 
 class FakeClock:
@@ -156,7 +152,7 @@ def test_the_example_and_its_flags_are_found_where_each_launcher_puts_them(monke
     for name in list(os.environ):
         if name.startswith(("RANK", "WORLD_SIZE", "HOROVOD_", "PMI_", "PALS_", "OMPI_", "SLURM_", "MPI_")):
             monkeypatch.delenv(name)
-    assert phases.rank_from_env() == 0
+    assert discover().rank == 0
     for launcher_env, rank in (({"PMI_RANK": "1", "PMI_SIZE": "2"}, 1),  # mpiexec (MPICH)
                                ({"HOROVOD_RANK": "3", "HOROVOD_SIZE": "4"}, 3),  # horovodrun
                                ({"PALS_RANKID": "5", "PMI_SIZE": "8"}, 5),  # mpiexec on Aurora and Polaris
@@ -164,7 +160,7 @@ def test_the_example_and_its_flags_are_found_where_each_launcher_puts_them(monke
         with monkeypatch.context() as m:
             for name, value in launcher_env.items():
                 m.setenv(name, value)
-            assert phases.rank_from_env() == rank, launcher_env
+            assert discover().rank == rank, launcher_env
 
 
 @pytest.mark.parametrize("argv", [["--phases", "--only", "horovod-tensorflow"],

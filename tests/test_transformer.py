@@ -124,10 +124,11 @@ def test_a_short_text_is_refused_on_every_rank_and_a_long_enough_one_trains(tmp_
 @LONG
 def test_one_process_learns_the_text_to_the_readme_threshold(tmp_path):
     """The README's run: the default model, 200 steps of 16 x 128 bytes, seeded: the test loss falls from
-    ln 256 = 5.55 to under 2.6 nats per byte (2.499 on the README's machine)."""
+    ln 256 = 5.55 to under 2.7 nats per byte (2.491-2.532 over two CPUs and their kernel sets:
+    transformer/README.md)."""
     check(run(warm(1, SCRIPT, "--log-dir", tmp_path), timeout=900))
     (m,) = metrics(tmp_path)
-    assert m["test_loss"] < 2.6, m
+    assert m["test_loss"] < 2.7, m
     assert json.loads((tmp_path / "config.json").read_text())["max_steps"] == 200
 
 

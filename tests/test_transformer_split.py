@@ -208,8 +208,8 @@ def test_each_split_that_does_not_fit_is_refused_when_the_flags_are_read(script,
 @pytest.mark.parametrize("script", [TP, CP, EP, PP])
 def test_each_split_learns_the_text_to_the_readmes_threshold(script, tmp_path):
     """The chapter's default run (200 steps of 16 sequences x 128 bytes; ep.py: 16 a rank) at 2 ranks: the test
-    loss falls from ln 256 = 5.55 to under 2.6 nats per byte, part 1's threshold (transformer/part2.md)."""
+    loss falls from ln 256 = 5.55 to under 2.7 nats per byte, part 1's threshold (transformer/part2.md)."""
     check(run(torchrun(2, script, "--log-dir", tmp_path), timeout=1200))
     (m,) = metrics(tmp_path)
-    assert m["test_loss"] < 2.6, m
+    assert m["test_loss"] < 2.7, m
     assert_event_epochs(tmp_path)  # TensorBoard's event files: the epoch

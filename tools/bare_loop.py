@@ -45,8 +45,8 @@ def torch_loop(args):
     from torch.utils.data import DataLoader, TensorDataset
     from torch.utils.data.distributed import DistributedSampler
 
-    import phases
     from course.torch_utils import Net
+    from tools import phases
     out = os.environ.get("PHASES_OUT")
     if not out:
         sys.exit("usage: PHASES_OUT=PREFIX python tools/bare_loop.py [flags]")

@@ -48,18 +48,15 @@ import json
 import os
 import shlex
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-import bench_overhead
-import bench_phases
-import bench_runs
-import bench_split
-import bench_transformer
-import bench_wire
-from bench_report import combine, print_table, write_report
-from bench_runs import BENCH_SETS, BENCHED, ROOT
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # the repo root, after site-packages
+from tools import bench_overhead, bench_phases, bench_runs, bench_split, bench_transformer, bench_wire
+from tools.bench_report import combine, print_table, write_report
+from tools.bench_runs import BENCH_SETS, BENCHED, ROOT
 
 
 def parse_args(argv=None):

@@ -21,9 +21,9 @@ import tempfile
 import time
 from pathlib import Path
 
-import bench_runs
-from bench_phases import PHASES
-from bench_report import steady_throughput, step_ratios
+from tools import bench_runs
+from tools.bench_phases import PHASES
+from tools.bench_report import steady_throughput, step_ratios
 
 BARE = Path(__file__).resolve().parent / "bare_loop.py"
 

@@ -9,7 +9,7 @@ import json
 import statistics
 from pathlib import Path
 
-import bench_runs
+from tools import bench_runs
 
 PHASES = Path(__file__).resolve().parent / "phases.py"
 PHASE_NAMES = ("step", "forward", "backward", "wait", "optimizer", "other")

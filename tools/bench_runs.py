@@ -7,13 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.append(str(ROOT))  # *after* site-packages: our horovod/ and deepspeed/ never shadow the libraries
-
-import bench_cpu
-from bench_report import ceiling_efficiency, efficiency, steady_throughput
-from tools.launch import EXAMPLES, launch_command
+from tools import bench_cpu
+from tools.bench_report import ceiling_efficiency, efficiency, steady_throughput
+from tools.launch import EXAMPLES, ROOT, launch_command
 
 BIN = Path(sys.executable).parent  # the venv's bin: torchrun, mpiexec, horovodrun, deepspeed
 

@@ -16,9 +16,9 @@ round; the report: the median over rounds and the range. Results: a table on std
 import json
 import statistics
 
-from bench_report import steady_throughput
-from bench_runs import command, history, launch, wait
-from bench_transformer import span
+from tools.bench_report import steady_throughput
+from tools.bench_runs import command, history, launch, wait
+from tools.bench_transformer import span
 
 MODEL = ["--layers", "4"]
 RUNS = {"ddp": ("transformer-ddp", ["--batch-size", "8"]),

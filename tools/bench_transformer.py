@@ -16,8 +16,8 @@ stdout and runs/bench/transformer.json.
 import json
 import statistics
 
-from bench_report import steady_throughput
-from bench_runs import command, history, launch, wait
+from tools.bench_report import steady_throughput
+from tools.bench_runs import command, history, launch, wait
 
 LESSONS = {"transformer-ddp": [], "transformer-fsdp": [], "transformer-fsdp --replicate 2": ["--replicate", "2"]}
 KNOBS = {"plain": [], "activation checkpointing": ["--activation-checkpointing"], "bf16 autocast": ["--bf16"],

@@ -13,9 +13,12 @@ size of the CNN's gradients, timed alone (median), by each way the examples move
 import argparse
 import json
 import statistics
+import sys
 import time
+from pathlib import Path
 
-import bench_runs  # (it puts the repository root at the end of sys.path, for utils)
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # the repo root, after site-packages
+from tools import bench_runs
 
 ALLREDUCE_WAYS = {  # name: (launcher, what it measures)
     "torch.distributed gloo (torchrun)": ("torchrun", "torch-gloo"),
@@ -56,8 +59,8 @@ def breakdown(steps, batch_size):
     from torch.utils.data import DataLoader, TensorDataset
     from torch.utils.data.distributed import DistributedSampler
 
-    from bare_loop import train_arrays
     from course.torch_utils import Net
+    from tools.bare_loop import train_arrays
     torch.set_num_threads(1)
     tdist.init_process_group("gloo")
     x, y = train_arrays()

@@ -37,8 +37,9 @@ import sys
 import time
 from pathlib import Path
 
-from figures_diagrams import diagram_allreduce, diagram_parallelism, diagram_ring, diagram_tensor_parallel
-from figures_plots import (
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # the repo root, after site-packages
+from tools.figures_diagrams import diagram_allreduce, diagram_parallelism, diagram_ring, diagram_tensor_parallel
+from tools.figures_plots import (
     plot_accuracy,
     plot_batch_efficiency,
     plot_efficiency,
@@ -47,7 +48,7 @@ from figures_plots import (
     plot_pipeline,
     plot_speedup,
 )
-from figures_runs import (
+from tools.figures_runs import (
     ROOT,
     batch_efficiency,
     find_sweeps,

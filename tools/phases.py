@@ -163,12 +163,6 @@ def framework_of(script):
              "transformer/)")
 
 
-def rank_from_env():
-    """This rank's number, as every launcher the course knows sets it (course/dist.py discover())."""
-    from course.ranks import discover
-    return discover().rank
-
-
 def script_and_argv(args):
     """(the example, its sys.argv): the first argument that is not a flag; the deepspeed launcher puts its
     --local_rank=N before it, and the example takes that flag too."""
@@ -195,8 +189,10 @@ def main():
     sys.argv = argv
 
     def finish(exit_code):
-        Path(f"{out}-rank{rank_from_env()}.json").write_text(
-            json.dumps({"rank": rank_from_env(), "framework": framework, "records": timer.records}))
+        from course.ranks import discover  # the course's one reading of the ranks, every launcher's
+        rank = discover().rank
+        Path(f"{out}-rank{rank}.json").write_text(
+            json.dumps({"rank": rank, "framework": framework, "records": timer.records}))
         if exit_code in (None, 0) and not timer.records:
             print(f"error: phases: {script} ran, but none of its optimizer steps was timed", file=sys.stderr,
                   flush=True)
