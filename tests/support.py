@@ -414,3 +414,28 @@ def run_rows(script, rows, timeout=240, env=None):
     assert result.returncode == 0, result.stderr[-3000:]
     line = next(line for line in result.stdout.splitlines() if line.startswith("RESULTS "))
     return json.loads(line[len("RESULTS "):])
+
+
+# --- nodes: simulated on one host (tests/test_devices.py), or namespaces over a link (tests/test_nodes.py) ---
+def run_together(commands, timeout):
+    """Start every command at once (one per simulated node) and wait for all; a hang fails the test."""
+    procs = [subprocess.Popen(c, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              start_new_session=True) for c in commands]
+    outs = []
+    for proc in procs:
+        try:
+            outs.append(proc.communicate(timeout=timeout))
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+            pytest.fail(f"simulated nodes timed out after {timeout}s: {commands[0]}")
+    return [(p.returncode, out, err) for p, (out, err) in zip(procs, outs)]
+
+
+def same_training(one_node, two_nodes):
+    assert without_timing(metrics(one_node), "launcher") == without_timing(metrics(two_nodes), "launcher")
+    if (one_node / "model.pt").exists():  # the model-splitting lessons: the whole model, gathered
+        assert weights_digest(one_node) == weights_digest(two_nodes)
+    else:
+        checksums = summary(one_node)["param_checksums"]
+        assert checksums == summary(two_nodes)["param_checksums"]  # identical weights, rank by rank

@@ -8,7 +8,6 @@
   (or one Hydra launch over two host entries), so local ranks restart on each "node" while global ranks do not;
   the result equals the same world on one node (which it could not if shards were cut by local rank).
 """
-import subprocess
 import sys
 import types
 
@@ -28,14 +27,13 @@ from support import (
     assert_each_rank_refused,
     check,
     error_lines,
-    metrics,
     mpiexec,
     run,
     run_rows,
+    run_together,
+    same_training,
     summary,
     warm,
-    weights_digest,
-    without_timing,
 )
 
 sys.path.append(str(ROOT))
@@ -146,30 +144,6 @@ def test_every_pytorch_example_refuses_a_missing_device(tmp_path, script):
 
 
 # --- two nodes on one machine ---------------------------------------------------------------------------------
-def run_together(commands, timeout):
-    """Start every command at once (one per simulated node) and wait for all; a hang fails the test."""
-    procs = [subprocess.Popen(c, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              start_new_session=True) for c in commands]
-    outs = []
-    for proc in procs:
-        try:
-            outs.append(proc.communicate(timeout=timeout))
-        except subprocess.TimeoutExpired:
-            for p in procs:
-                p.kill()
-            pytest.fail(f"simulated nodes timed out after {timeout}s: {commands[0]}")
-    return [(p.returncode, out, err) for p, (out, err) in zip(procs, outs)]
-
-
-def same_training(one_node, two_nodes):
-    assert without_timing(metrics(one_node), "launcher") == without_timing(metrics(two_nodes), "launcher")
-    if (one_node / "model.pt").exists():  # the model-splitting lessons: the whole model, gathered
-        assert weights_digest(one_node) == weights_digest(two_nodes)
-    else:
-        checksums = summary(one_node)["param_checksums"]
-        assert checksums == summary(two_nodes)["param_checksums"]  # identical weights, rank by rank
-
-
 def test_ddp_on_two_simulated_nodes_numbers_ranks_globally_and_equals_one_node(tmp_path):
     flags = [*SHORT, "--log-all-ranks"]
     check(run(warm(4, DDP, *flags, "--log-dir", tmp_path / "one"), timeout=240))  # (the nodes: torchrun)

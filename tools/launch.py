@@ -106,6 +106,20 @@ def simulated_nodes(example, nnodes, nproc_per_node, launcher="torchrun", args=(
     raise ValueError(f"simulated nodes are started by torchrun or mpiexec, not {launcher!r}")
 
 
+def nodes_over_a_network(example, namespaces, nproc_per_node, args=(), *, address="10.77.0.1", port=29400,
+                         bin_dir=None):
+    """Commands that run `example` on the nodes tools/nodes.py made (network namespaces, node 0's eth0 at
+    `address`), `nproc_per_node` ranks on each: one torchrun per node, in its namespace, each told its node's
+    number and node 0's address (torchrun's static rendezvous, as PyTorch's multi-node example: the namespaces
+    share the machine's hostname, which a c10d rendezvous would take for node 0's); gloo told which interface
+    reaches the other nodes (GLOO_SOCKET_IFNAME=eth0). Each namespace has ports of its own: a fixed port is free."""
+    bin_dir = Path(bin_dir or Path(sys.executable).parent)
+    return [["ip", "netns", "exec", name, "env", "GLOO_SOCKET_IFNAME=eth0", str(bin_dir / "torchrun"),
+             "--nnodes", str(len(namespaces)), "--node_rank", str(node), "--nproc_per_node", str(nproc_per_node),
+             "--master_addr", address, "--master_port", str(port), str(script_path(example)), *map(str, args)]
+            for node, name in enumerate(namespaces)]
+
+
 # The ports a launch meets: tools/soak.py --port-pressure and its control.
 @contextlib.contextmanager
 def port_pressure(held=7000):

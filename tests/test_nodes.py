@@ -1,0 +1,82 @@
+"""tools/nodes.py: "nodes" as network namespaces joined by a shaped link, made and removed however a run ends, and
+a lesson across them through its real launcher (torchrun, one per node) equal to the same job on one node.
+Needs root (CAP_NET_ADMIN), as CI and the course's machines run; the tests say so where it is missing."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from support import DDP, QUICK, run_together, same_training
+from tools import launch, nodes
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root (CAP_NET_ADMIN)")
+
+LISTEN = """
+import socket, sys
+s = socket.socket(); s.bind((sys.argv[1], 5001)); s.listen(1); s.settimeout(30)
+c, _ = s.accept(); c.settimeout(30); n = 0
+while (d := c.recv(1 << 16)):
+    n += len(d)
+print(n)
+"""
+SEND = """
+import socket, sys
+with socket.create_connection((sys.argv[1], 5001), timeout=30) as s:
+    s.sendall(b"x" * 1_000_000)
+"""
+
+
+def transfer(names, to_address, connect_address):
+    """Node 1 listens on `to_address`; node 0 sends 1 MB to `connect_address`. Returns (bytes node 1 got, node 0's
+    exit code)."""
+    listener = subprocess.Popen(nodes.in_node(names[1], [sys.executable, "-c", LISTEN, to_address]),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(50):  # until node 1 listens
+            if f"{to_address}:5001" in subprocess.run(nodes.in_node(names[1], ["ss", "-ltn"]), capture_output=True,
+                                                      text=True, timeout=10).stdout:
+                break
+            subprocess.run(["sleep", "0.1"])
+        sender = subprocess.run(nodes.in_node(names[0], [sys.executable, "-c", SEND, connect_address]),
+                                capture_output=True, text=True, timeout=60)
+        if sender.returncode != 0:
+            listener.kill()
+        out, _ = listener.communicate(timeout=60)
+        return int(out.strip() or 0), sender.returncode
+    finally:
+        listener.kill()
+
+
+def test_nodes_are_namespaces_joined_by_a_shaped_link_and_go_away():
+    with nodes.nodes(2, "200mbit") as names:
+        tag = names[0].rsplit("-", 1)[0]
+        assert sorted(nodes.namespaces(tag.removeprefix(nodes.PREFIX))) == sorted([*names, f"{tag}-switch"])
+        assert transfer(names, "10.77.0.2", "10.77.0.2") == (1_000_000, 0)  # over eth0, node to node
+        qdisc = subprocess.run(nodes.in_node(names[0], ["tc", "qdisc", "show", "dev", "eth0"]), capture_output=True,
+                               text=True, timeout=10).stdout
+        assert "tbf" in qdisc and "200Mbit" in qdisc, qdisc  # the link's rate, as tc holds it
+        # node 1's loopback is its own: node 0 cannot reach what listens there (the link is the only way)
+        assert transfer(names, "127.0.0.1", "127.0.0.1")[1] != 0
+    assert nodes.namespaces(tag.removeprefix(nodes.PREFIX)) == []
+
+
+def test_nodes_go_away_when_the_block_fails():
+    with pytest.raises(RuntimeError, match="a failed run"):
+        with nodes.nodes(2) as names:
+            assert len(names) == 2
+            raise RuntimeError("a failed run")
+    assert not [n for n in nodes.namespaces() if n.startswith(f"{nodes.PREFIX}p{os.getpid()}-")]
+
+
+def test_ddp_on_two_nodes_over_a_link_equals_one_node(shared_run, tmp_path):
+    """2 nodes x 1 rank, each node's torchrun in its namespace, gloo over the shaped link: the same training as the
+    2-rank run on one node, digit for digit."""
+    one, _ = shared_run(DDP, "torchrun", QUICK)
+    with nodes.nodes(2, "1gbit") as names:
+        ran = run_together(launch.nodes_over_a_network(DDP, names, 1, [*QUICK, "--log-all-ranks", "--log-dir",
+                                                                        tmp_path / "two"]), timeout=300)
+    assert [code for code, _, _ in ran] == [0, 0], [err[-2000:] for _, _, err in ran]
+    every = "".join(out for _, out, _ in ran)
+    assert "[rank 0, local 0]" in every and "[rank 1, local 0]" in every  # one rank per node
+    same_training(one, tmp_path / "two")

@@ -1,0 +1,118 @@
+#!/usr/bin/env python
+"""Nodes with a network between them, on one machine: each "node" a network namespace with one interface
+(eth0) and an address of its own, all joined through a switch (a bridge in a namespace of its own), each node's
+link shaped to a known rate with `tc` (a token bucket, tbf, on what the node sends). Ranks started in a node's
+namespace talk to the other nodes over that link, not over loopback.
+
+    python tools/nodes.py up --nodes 2 --rate 1gbit     # course-cli-node0, -node1: eth0 at 10.77.0.1, 10.77.0.2
+    python tools/nodes.py run 1 -- ip -brief addr        # a command in node 1
+    python tools/nodes.py down                           # those nodes gone (--all: every set this tool made)
+
+Needs root (CAP_NET_ADMIN): CI and these machines run as root; on a laptop, `sudo`. `ip netns` rather than
+`unshare`: named namespaces outlive the command that made them, so each node's launcher can be started in its
+node by name (`ip netns exec course-cli-node1 torchrun ...`), and `down` finds every one of them by its prefix.
+Each set of nodes has a tag in its names (the CLI's "cli", a test's process id), so two test runs on one machine
+never share a node.
+Traffic stays between the namespaces made here, to their own addresses (10.77.0.0/24); no route leads out.
+A delay (netem) is not in every kernel (not in this course's test machines): only the rate is shaped.
+"""
+import argparse
+import contextlib
+import os
+import subprocess
+import sys
+
+PREFIX = "course-"
+SUBNET = "10.77.0"
+
+
+def sh(*cmd, check=True):
+    """Run one `ip`/`tc` command; its error is one line."""
+    result = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=30)
+    if check and result.returncode != 0:
+        raise SystemExit(f"error: nodes: {' '.join(map(str, cmd))}: {result.stderr.strip()}")
+    return result.stdout
+
+
+def address(node):
+    return f"{SUBNET}.{node + 1}"
+
+
+def namespaces(tag=""):
+    """The namespaces this tool made (by their prefix), with `tag` those of one set of nodes."""
+    prefix = f"{PREFIX}{tag}-" if tag else PREFIX
+    return [line.split()[0] for line in sh("ip", "netns", "list").splitlines() if line.startswith(prefix)]
+
+
+def up(count, rate=None, tag="cli", burst="256kb", latency="50ms"):
+    """Make `count` nodes joined by a switch; `rate` (e.g. "1gbit", "200mbit"): each node's sending rate.
+    Returns the nodes' namespace names, node 0 first."""
+    down(tag)  # what an earlier set of this tag left (a killed run)
+    switch = f"{PREFIX}{tag}-switch"
+    sh("ip", "netns", "add", switch)
+    sh("ip", "-n", switch, "link", "add", "br0", "type", "bridge")
+    sh("ip", "-n", switch, "link", "set", "br0", "up")
+    for node in range(count):
+        name = f"{PREFIX}{tag}-node{node}"
+        sh("ip", "netns", "add", name)
+        sh("ip", "-n", name, "link", "set", "lo", "up")
+        # a cable: eth0 in the node, port<N> on the switch
+        sh("ip", "-n", name, "link", "add", "eth0", "type", "veth", "peer", "name", f"port{node}",
+           "netns", switch)
+        sh("ip", "-n", switch, "link", "set", f"port{node}", "master", "br0")
+        sh("ip", "-n", switch, "link", "set", f"port{node}", "up")
+        sh("ip", "-n", name, "addr", "add", f"{address(node)}/24", "dev", "eth0")
+        sh("ip", "-n", name, "link", "set", "eth0", "up")
+        if rate:
+            sh("ip", "netns", "exec", name, "tc", "qdisc", "add", "dev", "eth0", "root", "tbf", "rate", rate,
+               "burst", burst, "latency", latency)
+    return [f"{PREFIX}{tag}-node{node}" for node in range(count)]
+
+
+def down(tag=""):
+    """Remove the namespaces of one set of nodes (`tag`), or every one this tool made; their interfaces go with
+    them, and the programs still running in them lose their network."""
+    for name in namespaces(tag):
+        sh("ip", "netns", "del", name, check=False)
+
+
+@contextlib.contextmanager
+def nodes(count, rate=None):
+    """with nodes(2, "1gbit") as names: ... -- a set of nodes of this process's own, removed however the block
+    ends."""
+    tag = f"p{os.getpid()}"
+    try:
+        yield up(count, rate, tag)
+    finally:
+        down(tag)
+
+
+def in_node(name, cmd):
+    """`cmd` as run in the node (namespace) `name`."""
+    return ["ip", "netns", "exec", name, *map(str, cmd)]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="what", required=True)
+    make = sub.add_parser("up", help="make the nodes")
+    make.add_argument("--nodes", type=int, default=2, choices=range(2, 9), metavar="N")
+    make.add_argument("--rate", default=None, help="each node's sending rate, as tc writes it: 200mbit, 1gbit")
+    remove = sub.add_parser("down", help="remove them")
+    remove.add_argument("--all", action="store_true", help="every set of nodes this tool made (a test's too)")
+    run = sub.add_parser("run", help="run a command in a node")
+    run.add_argument("node", type=int)
+    run.add_argument("cmd", nargs=argparse.REMAINDER)
+    args = parser.parse_args()
+    if args.what == "up":
+        for node, name in enumerate(up(args.nodes, args.rate)):
+            print(f"{name}: eth0 {address(node)}/24" + (f", sending at most {args.rate}" if args.rate else ""))
+    elif args.what == "down":
+        down("" if args.all else "cli")
+    else:
+        cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+        sys.exit(subprocess.run(in_node(f"{PREFIX}cli-node{args.node}", cmd)).returncode)
+
+
+if __name__ == "__main__":
+    main()
