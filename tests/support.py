@@ -409,7 +409,8 @@ RANK_0_OF_2 = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_S
 
 
 def run_rows(script, rows, timeout=240, env=None):
-    """[{"code": exit code, "stderr": text}] for `script` run with each row of flags, in one process."""
+    """[{"code": exit code, "stderr": text}] for `script` run with each row of flags, each row forked from one warm
+    interpreter that imported the lesson's frameworks once (tests/rows.py)."""
     result = run(warm(1, ROOT / "tests" / "rows.py", ROOT / script, json.dumps(rows)), timeout=timeout, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     line = next(line for line in result.stdout.splitlines() if line.startswith("RESULTS "))

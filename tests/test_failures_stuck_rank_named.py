@@ -93,9 +93,10 @@ def test_the_ranks_that_waited_name_the_stuck_rank_and_its_last_step(tmp_path, l
     # (a rank whose peer gave up first sees its connection closed: it says that, and still whom they waited for)
     for rank in (0, 1, 3):
         mine = [line for line in lines if line.startswith(f"error: rank {rank} ")]
-        said = (rf"error: rank {rank} (waited (?:[89]|1\d) s|lost contact with another rank) in \w+ at "
+        said = (rf"error: rank {rank} (?:waited (\d+) s|lost contact with another rank) in \w+ at "
                 rf"{re.escape(script)}:\d+ ")
-        assert len(mine) == 1 and re.match(said + ".*" + named, mine[0]), output[-4000:]
+        match = len(mine) == 1 and re.match(said + ".*" + named, mine[0])
+        assert match and (match[1] is None or int(match[1]) >= 8), output[-4000:]  # at least --dist-timeout
     assert_no_traceback_through_the_example(output)
     assert_log_dir_sound(tmp_path / "log")
 

@@ -28,7 +28,10 @@ SUBNET = "10.77.0"
 
 def sh(*cmd, check=True):
     """Run one `ip`/`tc` command; its error is one line."""
-    result = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=30)
+    try:
+        result = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=30)
+    except FileNotFoundError:
+        raise SystemExit(f"error: nodes: `{cmd[0]}` not found: install iproute2 (apt install iproute2)") from None
     if check and result.returncode != 0:
         raise SystemExit(f"error: nodes: {' '.join(map(str, cmd))}: {result.stderr.strip()}")
     return result.stdout
