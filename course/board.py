@@ -11,25 +11,31 @@ tensorboardX, not torch's SummaryWriter: torch's writer imports TensorFlow where
 """
 import os
 import sys
+import time
 
 
-def _summary_writer():
-    """tensorboardX's SummaryWriter class. tensorboardX imports torch when it can (for its graph
-    tools, which the course does not use): in a TensorFlow lesson it must not, since TensorFlow and
-    torch's triton crash a process that holds both (tests/conftest.py)."""
-    if "torch" in sys.modules:
-        from tensorboardX import SummaryWriter
-        return SummaryWriter
-    sys.modules["torch"] = None  # `import torch` raises ImportError, which tensorboardX catches
+def _event_file():
+    """tensorboardX's EventsWriter (one event file, written where it is called: its SummaryWriter
+    hands events to a thread and a queue, and its flush() does not wait for them, so a printed line
+    could be missing from the file) and the Event and Summary protobufs. tensorboardX imports torch
+    when it can (for its graph tools, which the course does not use): in a TensorFlow lesson it must
+    not, since TensorFlow and torch's triton crash a process that holds both (tests/conftest.py)."""
+    hidden = "torch" not in sys.modules
+    if hidden:
+        sys.modules["torch"] = None  # `import torch` raises ImportError, which tensorboardX catches
     try:
-        from tensorboardX import SummaryWriter
+        from tensorboardX.event_file_writer import EventsWriter
+        from tensorboardX.proto.event_pb2 import Event
+        from tensorboardX.proto.summary_pb2 import Summary
     finally:
-        del sys.modules["torch"]
-    return SummaryWriter
+        if hidden:
+            del sys.modules["torch"]
+    return EventsWriter, Event, Summary
 
 
 class Board:
-    """The run's event writer: open() names the folder, the first value creates the file."""
+    """The run's event writer: open() names the folder, the first value creates the file, and each
+    value is on disk when its call returns (before utils/log.py prints the line that shows it)."""
 
     _dir = None
     _writer = None
@@ -52,27 +58,28 @@ class Board:
             return
         if cls._writer is None:
             try:
-                writer = _summary_writer()
+                writer, event, summary = _event_file()
             except ImportError:
                 sys.stdout.write("tensorboardX is not installed: no event files (pip install "
                                  "tensorboardX, or COURSE_TENSORBOARD=0 to silence this)\n")
                 sys.stdout.flush()
                 cls._dir = None
                 return
+            os.makedirs(cls._dir, exist_ok=True)
             # The pid in the name: two writers of one run (rank 0's epochs, the last pipeline
             # stage's steps) never share a file.
-            cls._writer = writer(cls._dir, filename_suffix=f".{os.getpid()}", flush_secs=10)
-            import atexit
-            atexit.register(cls.close)  # a run that stops early still leaves its last steps on disk
+            cls._writer = (writer(os.path.join(cls._dir, "events"), f".{os.getpid()}"), event,
+                           summary)
+        writer, event, summary = cls._writer
         for tag, value in values.items():
-            cls._writer.add_scalar(tag, float(value), int(step))
+            writer.write_event(event(wall_time=time.time(), step=int(step), summary=summary(
+                value=[summary.Value(tag=tag, simple_value=float(value))])))
+        writer.flush()
 
     @classmethod
     def epoch(cls, metrics):
         values = {f"epoch/{k}": metrics[k] for k in cls.EPOCH_KEYS if k in metrics}
         cls._scalars(metrics["epoch"], values)
-        if cls._writer is not None:
-            cls._writer.flush()  # an epoch is visible in TensorBoard as soon as it is printed
 
     @classmethod
     def step(cls, global_step, loss):
@@ -81,5 +88,5 @@ class Board:
     @classmethod
     def close(cls):
         if cls._writer is not None:
-            cls._writer.close()
+            cls._writer[0].close()
         cls._writer = None

@@ -2,11 +2,14 @@
 each epoch's scalars and the logged steps' losses, read back here with the tensorboard package's own
 reader; and COURSE_TENSORBOARD=0 leaves none."""
 
+import os
+import signal
+import subprocess
 import sys
 
 import pytest
 
-from support import DDP, GPT_SPLIT, HVD_TF, PP, QUICK, ROOT, check, event_scalars, metrics, run, warm
+from support import DDP, GPT_SPLIT, HVD_TF, PP, QUICK, ROOT, check, event_scalars, kill_tree, metrics, run, warm
 
 EPOCH_TAGS = {
     "epoch/train_loss",
@@ -60,3 +63,29 @@ def test_writing_events_does_not_load_tensorflow(tmp_path):
     assert result.stdout.strip() == "False"
     files, found = event_scalars(tmp_path)  # and TensorBoard reads the record back, checksums and all
     assert found == {"step/train_loss": {1: 0.5}}
+
+
+def test_a_printed_line_is_already_in_an_event_file(tmp_path):
+    """What a reader sees printed is recorded: the first logged step's line appears only once its event
+    file exists, and the epoch's line once its scalars are in it, so a run stopped right after a line (Ctrl-C
+    on seeing it) keeps what it said (tests/test_failures_interrupts.py stops a run at the first step line)."""
+    cmd = [sys.executable, DDP, "--epochs", "1", "--max-steps", "4", "--log-interval", "2", "--num-threads", "1",
+           "--log-dir", tmp_path]
+    proc = subprocess.Popen([str(c) for c in cmd], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"), start_new_session=True)
+    at_step = at_epoch = None
+    try:
+        for line in proc.stdout:  # (the run's 4 steps take seconds; the suite's timeout bounds a hang)
+            if line.startswith("epoch 1 step 2/") and at_step is None:
+                at_step = sorted(p.name for p in tmp_path.glob("events.out.tfevents.*"))
+            elif line.startswith("epoch  1  train_loss"):
+                os.killpg(proc.pid, signal.SIGSTOP)  # held at the line while the files are read
+                at_epoch = event_scalars(tmp_path)[1]
+                os.killpg(proc.pid, signal.SIGCONT)
+                break
+        rest = proc.stdout.read()
+        assert proc.wait(timeout=240) == 0, rest[-3000:]
+    finally:
+        kill_tree(proc)
+    assert at_step, "no event file yet when the first step line was printed"
+    assert at_epoch is not None and 1 in at_epoch.get("epoch/train_loss", {}), at_epoch

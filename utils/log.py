@@ -12,10 +12,11 @@ _RANK, _PREFIX = 0, None  # configure(): this rank; with --log-all-ranks, its li
 # Two extension points, empty in a lesson's copy. Only the course's plumbing registers here
 # (course/README.md lists who). listen(): an object told of each run, step, epoch and summary by
 # its methods of these names, where it has them: opened(run_log), step(progress, step, loss) before
-# the step's line, logged(progress, step, loss) after it, epoch(run_log, epoch, sums) before the
-# epoch's line and files, epoch_logged(run_log, metrics) after them, summary(run_log) -> more for
-# summary.json. seal_with(): a function sealer(path, write_fn, mode) that atomic_write asks first,
-# True if it wrote the file itself (a checkpoint with the SHA-256 of its files).
+# the step's line, logged(progress, step, loss) just before the line is printed, epoch(run_log,
+# epoch, sums) before the epoch's line and files, epoch_logged(run_log, metrics) after the files,
+# before the line (a printed line is already recorded), summary(run_log) -> more for summary.json.
+# seal_with(): a function sealer(path, write_fn, mode) that atomic_write asks first, True if it
+# wrote the file itself (a checkpoint with the SHA-256 of its files).
 _LISTENERS, _SEALERS = [], []
 
 
@@ -59,8 +60,8 @@ class Progress:
     def update(self, step, loss):  # True if it printed
         _tell("step", self, step, loss)
         if self.enabled and loss is not None and (step % self.interval == 0 or step == self.total):
-            print(f"epoch {self.epoch} step {step}/{self.total} loss {loss:.4f}", flush=True)
             _tell("logged", self, step, loss)
+            print(f"epoch {self.epoch} step {step}/{self.total} loss {loss:.4f}", flush=True)
             return True
 
 
@@ -144,10 +145,10 @@ class RunLog:
                  train_time_s=train_time_s, samples_per_s=train_seen / train_time_s, **self.about)
         self.history.append(m)  # samples/s: all ranks' samples over the slowest rank's time
         self._write_metrics()
+        _tell("epoch_logged", self, m)
         info(f"epoch {epoch:>2}  train_loss {m['train_loss']:.4f}  train_acc {m['train_acc']:.4f}  "
              f"test_loss {m['test_loss']:.4f}  test_acc {m['test_acc']:.4f}  lr {lr:.4g}  "
              f"{m['samples_per_s']:.0f} samples/s  {epoch_time_s:.1f}s")
-        _tell("epoch_logged", self, m)
 
     def summary(self, extra):  # the last epoch's numbers and `extra`: summary.json, and a table
         for more in _tell("summary", self):
