@@ -7,7 +7,7 @@ import os
 import sys
 import tempfile
 
-from course import runfiles, seal
+from course import network, runfiles, seal
 from course.dist import backend_problem, cores, device_problem
 from course.errors import fail, record_for_torchrun
 from course.failures import note_args
@@ -238,13 +238,13 @@ def parse(parser, argv=None):
         note_default_log_dir()
     if getattr(args, "resume", False) and args.checkpoint_dir is None and args.log_dir is None:
         parser.error("--resume needs --checkpoint-dir (or the --log-dir of the run to continue)")
-    # --backend is torch.distributed's: checked once here, before any process group, and again for
-    # the device each rank picks (course/dist.py's backend_problem)
+    # --backend: checked here, before any process group, and for each rank's device (course/dist.py)
     backend, device = getattr(args, "backend", "auto"), getattr(args, "device", "cpu")
     if "torch" in sys.modules and (problem := backend_problem(backend, device)):
         parser.error(problem)
     if "torch" in sys.modules and (problem := device_problem(getattr(args, "device", "auto"))):
         parser.error(problem)
+    network.check_interfaces()  # GLOO_SOCKET_IFNAME=eth9 on a node without eth9: one line, exit 2
     warn_threads(args)
     note_args(args)
     return args

@@ -10,7 +10,7 @@ import os
 import sys
 import time
 
-from course import beacon, quiet, scratch, watch
+from course import beacon, network, quiet, scratch, watch
 from course.errors import NonFiniteLoss, UserError, checkpoint_problem, fail, say
 from course.ranks import discover
 from course.runfiles import chosen_log_dir, epochs_done, has_checkpoint, holder_of, remove_debris, write_ending
@@ -102,6 +102,8 @@ def _peer_line(exc):
                 "set MASTER_PORT to a free port")
     if no_rank_0 := _no_rank_0(exc):
         return no_rank_0
+    if unreachable := network.unreachable_line(exc, _rank()):  # an address peers cannot reach
+        return unreachable
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
     peer_line = next((line for line in lines if any(text in line for text in PEER_ERROR_TEXTS)),
                      lines[0])
@@ -112,8 +114,7 @@ def _peer_line(exc):
     hung = (f"(hung, stopped or elsewhere); next: while it hangs, `python diagnose/stacks.py` "
             f"shows where every rank is ({HANGS_PAGE}) [{detail}]")
     timeout = getattr(_ARGS[0] if _ARGS else None, "dist_timeout", None)
-    # Horovod reports a gloo timeout only as "Horovod has been shut down": the time since the last
-    # step says it
+    # Horovod says a gloo timeout only as "Horovod has been shut down": the time since the step does
     at = watch.POSITION.get("at")
     since = time.monotonic() - at if at else 0
     if any(text in str(exc) for text in TIMEOUT_TEXTS) or (timeout and since >= 0.9 * timeout):
@@ -121,8 +122,7 @@ def _peer_line(exc):
         ms = re.search(r"(\d+)\s*ms", str(exc))
         waited = (f"{int(ms.group(1)) / 1000:g} s" if ms else f"{since:.0f} s" if since else
                   f"{timeout} s (--dist-timeout)" if timeout else "")
-        # gloo names the rank
-        absent = re.search(r"Rank (\d+) failed to pass monitoredBarrier", str(exc))
+        absent = re.search(r"Rank (\d+) failed to pass monitoredBarrier", str(exc))  # gloo names it
         named = None if absent else beacon.absent(rank)  # the ranks' keys in the store
         who = (f"rank {absent.group(1)}, which never arrived" if absent else named or
                beacon.never_joined(str(exc), rank))

@@ -302,3 +302,28 @@ def test_a_port_from_free_port_survives_other_programs_taking_kernel_picked_port
         taken = [(not still_free(old), not still_free(new)) for old, new in picks]
     assert sum(old for old, _ in taken) >= 5, taken  # the race is real under this pressure...
     assert not any(new for _, new in taken), taken   # ...and free_port() is out of it
+
+
+INTERFACES = [  # (script, variable, value): each names no interface of this machine (course/network.py)
+    (DDP, "GLOO_SOCKET_IFNAME", "eth0,no-such-if9"),  # gloo: a list, every name must exist
+    (DDP, "NCCL_SOCKET_IFNAME", "=no-such-if"),  # NCCL: "=" an exact name (else a prefix)
+    (HVD_TF, "HOROVOD_GLOO_IFACE", "no-such-if9"),  # Horovod's gloo
+]
+
+
+@pytest.mark.parametrize("script,variable,value", INTERFACES, ids=[v for _, v, _ in INTERFACES])
+def test_an_interface_variable_naming_no_interface_here_is_one_line_per_rank_and_exit_2(tmp_path, script, variable,
+                                                                                         value):
+    """Refused before anything starts, on every rank, with this node's interfaces listed. (One that exists but does
+    not reach the other nodes: tests/test_nodes.py, across two network namespaces.)"""
+    nproc = 1 if script == HVD_TF else 2  # (TensorFlow's lesson: one process, warm ranks import no TensorFlow)
+    cmd = warm(nproc, script, "--epochs", "1", "--max-steps", "1", "--log-dir", tmp_path / "log")
+    result = run(cmd, env={variable: value}, timeout=240)
+    errors = error_lines(result.stderr)
+    assert result.returncode == 2 and len(errors) == nproc, (result.returncode, result.stderr[-3000:])
+    assert all(f"{variable}={value} names no interface of this node" in line and "lo 127.0.0.1" in line
+               for line in errors), errors
+    assert "Traceback" not in result.stderr and not (tmp_path / "log").exists()
+    # the check refuses nothing real: loopback exists on every machine, and NCCL's prefix "l" matches it
+    check(run(warm(1, DDP, "--epochs", "1", "--max-steps", "1", "--num-threads", "1", "--log-dir", tmp_path / "ok"),
+              env={"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "l"}, timeout=240))

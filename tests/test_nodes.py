@@ -2,6 +2,7 @@
 a lesson across them through its real launcher (torchrun, one per node) equal to the same job on one node.
 Needs root (CAP_NET_ADMIN), as CI and the course's machines run; the tests say so where it is missing."""
 import os
+import re
 import subprocess
 import sys
 import time
@@ -86,3 +87,23 @@ def test_ddp_on_two_nodes_over_a_link_equals_one_node(shared_run, tmp_path):
     every = "".join(out for _, out, _ in ran)
     assert "[rank 0, local 0]" in every and "[rank 1, local 0]" in every  # one rank per node
     same_training(one, tmp_path / "two")
+
+
+def test_an_interface_the_other_node_cannot_reach_is_one_line_on_every_rank(tmp_path):
+    """GLOO_SOCKET_IFNAME naming loopback (or, unset, a host name that resolves to 127.0.0.1) across nodes: each rank
+    tells its peers 127.0.0.1, which no other node reaches. Every rank ends in one line that says which address and
+    what to set, naming its node's own interface, instead of a hang (node 1 waits 5 x --dist-timeout: gloo's
+    connect)."""
+    with nodes.nodes(2) as names:
+        ran = run_together(launch.nodes_over_a_network(DDP, names, 1, [*QUICK, "--dist-timeout", "5", "--log-dir",
+                                                                        tmp_path / "run"], interface="lo"),
+                           timeout=240)
+    assert [code for code, _, _ in ran] == [1, 1], [err[-2000:] for _, _, err in ran]
+    for node, (_, out, err) in enumerate(ran):
+        lines = [line for line in err.splitlines() if line.startswith("error: ")]
+        assert len(lines) == 1, err[-3000:]
+        assert f"rank {node} could not connect to the other ranks in init_process_group" in lines[0], lines
+        assert "127.0.0.1" in lines[0] and "loopback" in lines[0], lines
+        assert "set GLOO_SOCKET_IFNAME to the interface on the network the nodes share" in lines[0], lines
+        assert f"this node: eth0 {nodes.address(node)}" in lines[0], lines
+        assert not re.search(r'File "[^"]*DDP/main\.py"', err), err[-3000:]  # no traceback through the lesson

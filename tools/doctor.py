@@ -107,27 +107,19 @@ def launcher_row():
 def network_row():
     """The interfaces, and the one this host's name resolves to: gloo binds to that address unless
     GLOO_SOCKET_IFNAME names an interface (NCCL_SOCKET_IFNAME for NCCL). A name that resolves to
-    loopback is fine on one node and a hang or "connectFullMesh failed" across nodes."""
-    import socket
-    host = socket.gethostname()
-    try:
-        addr = socket.gethostbyname(host)
-    except OSError as exc:
-        addr = f"nothing ({exc})"
-    try:
-        import psutil
-        found = {name: [a.address for a in addrs if a.family == socket.AF_INET]
-                 for name, addrs in psutil.net_if_addrs().items()}
-    except ImportError:  # names only
-        found = {name: [] for _, name in socket.if_nameindex()}
+    loopback is fine on one node and "connectFullMesh failed" across nodes (course/network.py says
+    so in the lessons' line)."""
+    from course import network
+    host, addr = network.host_address()
+    found = network.interfaces()
     owner = next((name for name, v4 in found.items() if addr in v4), None)
     where = f"interface {owner}" if owner else "no interface of this host"
-    if addr.startswith("127."):
+    if network.is_loopback(addr):
         where += ": loopback, fine on one node; across nodes set GLOO_SOCKET_IFNAME"
-    chosen = "".join(f"; {k}={os.environ[k]}" for k in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
-                     if os.environ.get(k))
-    listed = "; ".join(f"{name} {','.join(v4)}".strip() for name, v4 in found.items())
-    return "info", f"{host} resolves to {addr} ({where}){chosen}; interfaces: {listed}"
+    chosen = "".join(f"; {k}={os.environ[k]}" for k in network.VARIABLES if os.environ.get(k))
+    if problem := network.interface_problem():
+        raise RuntimeError(problem)
+    return "info", f"{host} resolves to {addr or 'nothing'} ({where}){chosen}; interfaces: {network.listed(found)}"
 
 
 def mnist_row(data_dir):

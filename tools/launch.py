@@ -107,14 +107,15 @@ def simulated_nodes(example, nnodes, nproc_per_node, launcher="torchrun", args=(
 
 
 def nodes_over_a_network(example, namespaces, nproc_per_node, args=(), *, address="10.77.0.1", port=29400,
-                         bin_dir=None):
+                         bin_dir=None, interface="eth0"):
     """Commands that run `example` on the nodes tools/nodes.py made (network namespaces, node 0's eth0 at
     `address`), `nproc_per_node` ranks on each: one torchrun per node, in its namespace, each told its node's
     number and node 0's address (torchrun's static rendezvous, as PyTorch's multi-node example: the namespaces
     share the machine's hostname, which a c10d rendezvous would take for node 0's); gloo told which interface
-    reaches the other nodes (GLOO_SOCKET_IFNAME=eth0). Each namespace has ports of its own: a fixed port is free."""
+    reaches the other nodes (GLOO_SOCKET_IFNAME=eth0; `interface` names another, as a mistaken job would). Each
+    namespace has ports of its own: a fixed port is free."""
     bin_dir = Path(bin_dir or Path(sys.executable).parent)
-    return [["ip", "netns", "exec", name, "env", "GLOO_SOCKET_IFNAME=eth0", str(bin_dir / "torchrun"),
+    return [["ip", "netns", "exec", name, "env", f"GLOO_SOCKET_IFNAME={interface}", str(bin_dir / "torchrun"),
              "--nnodes", str(len(namespaces)), "--node_rank", str(node), "--nproc_per_node", str(nproc_per_node),
              "--master_addr", address, "--master_port", str(port), str(script_path(example)), *map(str, args)]
             for node, name in enumerate(namespaces)]
