@@ -12,10 +12,10 @@ _RANK, _PREFIX = 0, None  # configure(): this rank; with --log-all-ranks, its li
 # Two extension points, empty in a lesson's copy. Only the course's plumbing registers here
 # (course/README.md lists who). listen(): an object told of each run, step, epoch and summary by
 # its methods of these names, where it has them: opened(run_log), step(progress, step, loss) and
-# logged(progress, step, loss) before the step's line, epoch(run_log, epoch, sums) and, after the
-# files, epoch_logged(run_log, metrics) before the epoch's line (a printed line is already recorded),
-# summary(run_log) -> more for summary.json. seal_with(): a function sealer(path, write_fn, mode) that
-# atomic_write asks first, True if it wrote the file itself (a checkpoint with its files' SHA-256).
+# logged(progress, step, loss) before the step's line, epoch(run_log, epoch, sums), and after the
+# files epoch_logged(run_log, metrics) before the epoch's line (a printed line is recorded first),
+# summary(run_log) -> more for summary.json. seal_with(): a function sealer(path, write_fn, mode)
+# that atomic_write asks first, True if it wrote the file itself (a checkpoint, its files' SHA-256).
 _LISTENERS, _SEALERS = [], []
 
 
