@@ -16,7 +16,7 @@ help:
 	@echo "make doctor   what this machine can run (exit 1 if something the examples need is missing)"
 	@echo "make demo     every example on 2 CPU ranks over real MNIST digits, then a results table"
 	@echo "make test     the test suite (what CI runs); make test-all adds the longest end-to-end runs"
-	@echo "make bench    throughput of every framework at 1 and 2 ranks, then the transformer chapter and its splits (QUICK=1: short)"
+	@echo "make bench    throughput of every framework at 1 and 2 ranks, then the transformer chapter, its splits and (as root) DDP over a network (QUICK=1: short)"
 	@echo "make figures  scaling study and learning-rate lesson figures into runs/figures/ (OUT=assets: into the notes)"
 	@echo "make check-gpu  each PyTorch lesson a few steps on this node's GPU (the node's own torch), then a table"
 	@echo "make slurm-up   a 2-node Slurm cluster on this machine (root; installs Slurm), for real sbatch jobs"
@@ -56,7 +56,9 @@ check-gpu:
 
 bench: setup
 	@$(PY) tools/bench.py $(if $(QUICK),--quick) && $(PY) tools/bench.py --transformer $(if $(QUICK),--quick) \
-		&& $(PY) tools/bench.py --split $(if $(QUICK),--quick)
+		&& $(PY) tools/bench.py --split $(if $(QUICK),--quick) \
+		&& $(if $(filter 0,$(shell id -u)),$(PY) tools/bench_network.py $(if $(QUICK),--quick),\
+		echo "bench_network.py skipped: two nodes over a shaped link need root (sudo make bench)")
 
 figures: setup
 	@$(PY) tools/figures.py $(if $(OUT),--out $(OUT))

@@ -1,6 +1,7 @@
 """tools/nodes.py: "nodes" as network namespaces joined by a shaped link, made and removed however a run ends, and
 a lesson across them through its real launcher (torchrun, one per node) equal to the same job on one node.
 Needs root (CAP_NET_ADMIN), as CI and the course's machines run; the tests say so where it is missing."""
+import json
 import os
 import re
 import subprocess
@@ -107,3 +108,28 @@ def test_an_interface_the_other_node_cannot_reach_is_one_line_on_every_rank(tmp_
         assert "set GLOO_SOCKET_IFNAME to the interface on the network the nodes share" in lines[0], lines
         assert f"this node: eth0 {nodes.address(node)}" in lines[0], lines
         assert not re.search(r'File "[^"]*DDP/main\.py"', err), err[-3000:]  # no traceback through the lesson
+
+
+def test_the_ring_fit_recovers_the_shaped_link_rate(tmp_path):
+    """diagnose/collectives.py across two nodes whose links tc holds to 500 Mbit/s: the ring fit's beta is the link's
+    rate within 20% (62.5 MB/s; a 2-rank ring all-reduce sends each rank's whole buffer once over its link). Sizes
+    from 1 MB, well above the token bucket's 256 KB burst, which lets a small message through unshaped; the fit's
+    alpha is the stack's own cost, which tools/bench.py --network measures on an unshaped link."""
+    with nodes.nodes(2, "500mbit") as names:
+        ran = run_together(launch.nodes_over_a_network("diagnose/collectives.py", names, 1, [
+            "--ops", "all_reduce", "--min-size", "1M", "--max-size", "4M", "--repeats", "3", "--out", tmp_path]),
+            timeout=300)
+    assert [code for code, _, _ in ran] == [0, 0], [err[-2000:] for _, _, err in ran]
+    beta = json.loads((tmp_path / "collectives.json").read_text())["fit"]["beta_Bps"]
+    assert 0.8 * 62.5e6 <= beta <= 1.2 * 62.5e6, f"beta {beta / 1e6:.1f} MB/s against the link's 62.5 MB/s"
+
+
+def test_the_network_bench_takes_rates_as_tc_writes_them_and_refuses_others():
+    """tools/bench_network.py (make bench, as root): tc's units are 1000-based bits per second; a rate tc would not
+    take is one line and exit 2, before any namespace is made."""
+    from tools import bench_network
+    assert bench_network.bytes_per_s("500mbit") == 62.5e6 and bench_network.bytes_per_s("1gbit") == 125e6
+    bad = subprocess.run([sys.executable, "tools/bench_network.py", "--rates", "1gbit", "5parsec"], cwd=launch.ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].endswith(
+        "5parsec: a rate as tc writes it (200mbit, 1gbit)"), bad.stderr
