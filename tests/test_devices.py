@@ -17,23 +17,16 @@ import torch
 from support import (
     DDP,
     DS,
-    GPT_SPLIT,
     HVD_TF,
     HVD_TORCH,
     PP,
-    QUICK,
     ROOT,
     TP,
     assert_each_rank_refused,
-    check,
     error_lines,
     mpiexec,
     run,
     run_rows,
-    run_together,
-    same_training,
-    summary,
-    warm,
 )
 
 sys.path.append(str(ROOT))
@@ -141,49 +134,6 @@ def test_every_pytorch_example_refuses_a_missing_device(tmp_path, script):
         assert len(errors) == 1 and words in errors[0], (flags, outcome["stderr"][-3000:])
         assert "Traceback" not in outcome["stderr"], (flags, outcome["stderr"][-3000:])
         assert not (tmp_path / f"log{i}" / "summary.json").exists()
-
-
-# --- two nodes on one machine ---------------------------------------------------------------------------------
-def test_ddp_on_two_simulated_nodes_numbers_ranks_globally_and_equals_one_node(tmp_path):
-    flags = [*SHORT, "--log-all-ranks"]
-    check(run(warm(4, DDP, *flags, "--log-dir", tmp_path / "one"), timeout=240))  # (the nodes: torchrun)
-    nodes = run_together(launch.simulated_nodes(DDP, 2, 2, "torchrun", [*flags, "--log-dir", tmp_path / "two"]),
-                         timeout=240)
-    assert [code for code, _, _ in nodes] == [0, 0], [err[-2000:] for _, _, err in nodes]
-    # Each node's launcher starts local ranks 0 and 1; the rendezvous gives one node global ranks 0-1, the other 2-3.
-    seen = sorted(tuple(sorted(int(line.split()[1].rstrip(",")) for line in out.splitlines()
-                               if line.startswith("[rank ") and "pytorch-ddp:" in line)) for _, out, _ in nodes)
-    assert seen == [(0, 1), (2, 3)]
-    every = "".join(out for _, out, _ in nodes)
-    for rank, local in ((0, 0), (1, 1), (2, 0), (3, 1)):
-        assert f"[rank {rank}, local {local}] pytorch-ddp: 4 rank(s) via torchrun" in every
-    assert summary(tmp_path / "two")["world_size"] == 4
-    same_training(tmp_path / "one", tmp_path / "two")
-
-
-# (script, launcher of the two nodes, launcher of the lesson's own tests' run on one node, the one compared with)
-NODES = [(DDP, "mpiexec", "torchrun"), (HVD_TORCH, "mpiexec", "horovodrun"), (DS, "torchrun", "torchrun"),
-         (TP, "torchrun", "torchrun"), (PP, "torchrun", "torchrun")]
-
-
-@pytest.mark.parametrize("script, launcher, one_node_launcher", NODES, ids=[f"{s}-{n}" for s, n, _ in NODES])
-def test_every_pytorch_example_on_two_simulated_nodes_equals_one_node(shared_run, tmp_path, script, launcher,
-                                                                      one_node_launcher):
-    flags = {DS: [*QUICK, "--zero-stage", "3"], TP: GPT_SPLIT, PP: GPT_SPLIT}.get(script, QUICK)
-    one, _ = shared_run(script, one_node_launcher, flags)
-    nodes = run_together(launch.simulated_nodes(script, 2, 1, launcher,
-                                                [*flags, "--log-all-ranks", "--log-dir", tmp_path / "two"]),
-                         timeout=300)
-    assert all(code == 0 for code, _, _ in nodes), [err[-2000:] for _, _, err in nodes]
-    every = "".join(out for _, out, _ in nodes)
-    assert "[rank 0, local 0]" in every and "[rank 1, local 0]" in every  # one rank per node: local 0 on both
-    assert "[rank 1, local 1]" not in every
-    same_training(one, tmp_path / "two")
-
-
-def test_simulated_nodes_refuses_a_launcher_that_cannot_do_it():
-    with pytest.raises(ValueError, match="torchrun or mpiexec"):
-        launch.simulated_nodes(DDP, 2, 1, "horovodrun")
 
 
 def test_horovod_built_without_pytorch_is_one_line_that_names_ddp(tmp_path):

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from support import DDP, QUICK, run_together, same_training
+from support import DDP, DS, GPT_SPLIT, HVD_TORCH, PP, QUICK, TP, check, run, run_together, same_training, summary, warm
 from tools import launch, nodes
 
 # Why a skip here hides no broken path: making a network namespace needs root (CAP_NET_ADMIN), which a laptop's
@@ -20,6 +20,7 @@ if NOT_ROOT and os.environ.get("CI", "").lower() == "true":
     raise RuntimeError("tests/test_nodes.py: CI must run as root (network namespaces need CAP_NET_ADMIN)")
 pytestmark = pytest.mark.skipif(NOT_ROOT, reason="network namespaces need root (CAP_NET_ADMIN); under CI they run")
 
+SHORT = ["--epochs", "1", "--max-steps", "8", "--num-threads", "1"]
 LISTEN = """
 import socket, sys
 s = socket.socket(); s.bind((sys.argv[1], 5001)); s.listen(1); s.settimeout(30)
@@ -77,17 +78,52 @@ def test_nodes_go_away_when_the_block_fails():
     assert not [n for n in nodes.namespaces() if n.startswith(f"{nodes.PREFIX}p{os.getpid()}-")]
 
 
-def test_ddp_on_two_nodes_over_a_link_equals_one_node(shared_run, tmp_path):
-    """2 nodes x 1 rank, each node's torchrun in its namespace, gloo over the shaped link: the same training as the
-    2-rank run on one node, digit for digit."""
-    one, _ = shared_run(DDP, "torchrun", QUICK)
+# (script, launcher across the nodes, launcher of the lesson's own tests' run on one node, the one compared with)
+ACROSS = [(DDP, "torchrun", "torchrun"), (DDP, "mpiexec", "torchrun"), (HVD_TORCH, "mpiexec", "horovodrun"),
+          (DS, "torchrun", "torchrun"), (TP, "torchrun", "torchrun"), (PP, "torchrun", "torchrun")]
+
+
+@pytest.mark.parametrize("script, launcher, one_node_launcher", ACROSS, ids=[f"{s}-{n}" for s, n, _ in ACROSS])
+def test_every_pytorch_lesson_on_two_nodes_over_a_link_equals_one_node(shared_run, tmp_path, script, launcher,
+                                                                       one_node_launcher):
+    """2 nodes x 1 rank, each node a namespace, the lesson's real launcher across them (torchrun: one per node;
+    mpiexec: one, its proxies started in each node through tools/node_rsh.sh), gloo (Horovod: MPI) over the shaped
+    link: the same training as the 2-rank run on one node, digit for digit."""
+    flags = {DS: [*QUICK, "--zero-stage", "3"], TP: GPT_SPLIT, PP: GPT_SPLIT}.get(script, QUICK)
+    one, _ = shared_run(script, one_node_launcher, flags)
     with nodes.nodes(2, "1gbit") as names:
-        ran = run_together(launch.nodes_over_a_network(DDP, names, 1, [*QUICK, "--log-all-ranks", "--log-dir",
-                                                                        tmp_path / "two"]), timeout=300)
-    assert [code for code, _, _ in ran] == [0, 0], [err[-2000:] for _, _, err in ran]
+        ran = run_together(launch.nodes_over_a_network(script, names, 1, [*flags, "--log-all-ranks", "--log-dir",
+                                                                           tmp_path / "two"], launcher=launcher),
+                           timeout=300)
+    assert all(code == 0 for code, _, _ in ran), [err[-2000:] for _, _, err in ran]
     every = "".join(out for _, out, _ in ran)
-    assert "[rank 0, local 0]" in every and "[rank 1, local 0]" in every  # one rank per node
+    assert "[rank 0, local 0]" in every and "[rank 1, local 0]" in every  # one rank per node: local 0 on both
+    assert "[rank 1, local 1]" not in every
     same_training(one, tmp_path / "two")
+
+
+def test_ddp_on_two_nodes_of_two_ranks_numbers_ranks_globally_and_equals_one_node(tmp_path):
+    """2 nodes x 2 ranks over the link: each node's torchrun starts local ranks 0 and 1, the rendezvous gives node 0
+    global ranks 0-1 and node 1 ranks 2-3, and the training equals 4 ranks on one node."""
+    flags = [*SHORT, "--log-all-ranks"]
+    check(run(warm(4, DDP, *flags, "--log-dir", tmp_path / "one"), timeout=240))  # (the nodes: torchrun)
+    with nodes.nodes(2, "1gbit") as names:
+        ran = run_together(launch.nodes_over_a_network(DDP, names, 2, [*flags, "--log-dir", tmp_path / "two"]),
+                           timeout=300)
+    assert [code for code, _, _ in ran] == [0, 0], [err[-2000:] for _, _, err in ran]
+    seen = [tuple(sorted(int(line.split()[1].rstrip(",")) for line in out.splitlines()
+                         if line.startswith("[rank ") and "pytorch-ddp:" in line)) for _, out, _ in ran]
+    assert seen == [(0, 1), (2, 3)]  # node 0's, node 1's
+    every = "".join(out for _, out, _ in ran)
+    for rank, local in ((0, 0), (1, 1), (2, 0), (3, 1)):
+        assert f"[rank {rank}, local {local}] pytorch-ddp: 4 rank(s) via torchrun" in every
+    assert summary(tmp_path / "two")["world_size"] == 4
+    same_training(tmp_path / "one", tmp_path / "two")
+
+
+def test_nodes_over_a_network_refuses_a_launcher_that_cannot_do_it():
+    with pytest.raises(ValueError, match="torchrun or mpiexec"):
+        launch.nodes_over_a_network(DDP, ["course-x-node0", "course-x-node1"], 1, launcher="horovodrun")
 
 
 def test_an_interface_the_other_node_cannot_reach_is_one_line_on_every_rank(tmp_path):

@@ -12,8 +12,8 @@ rank each, gloo over the link. For an unshaped link and each --rates:
   plus t (efficiency step(1) / (step(1) + t)); hidden entirely behind the step (DDP starts each bucket's
   all-reduce during backward), it takes the longer of the two (step(1) / max(step(1), t)).
 
-    sudo python tools/bench_network.py                 # unshaped, 1gbit, 500mbit, 200mbit (about 5 minutes)
-    sudo python tools/bench_network.py --rates 100mbit 10gbit --quick
+    python tools/bench_network.py                 # as root: unshaped, 1gbit, 500mbit, 200mbit (about 5 minutes)
+    python tools/bench_network.py --rates 100mbit 10gbit --quick
 
 Results: a table on stdout and runs/bench/network.json. A run's throughput is the median over its epochs after
 the first (warm-up). Needs root (network namespaces); nothing is sent anywhere but between the namespaces made.
@@ -95,7 +95,8 @@ def main():
         except argparse.ArgumentTypeError as exc:
             parser.error(str(exc))
     if os.geteuid() != 0:
-        parser.error("network namespaces need root (CAP_NET_ADMIN): run it with sudo")
+        parser.error("network namespaces need root (CAP_NET_ADMIN): run it as root with the course's python "
+                     "(sudo make bench)")
     epochs, steps = (3, 10) if args.quick else (4, 30)
     ddp_flags = ["--epochs", str(epochs), "--max-steps", str(steps), "--batch-size", "64", "--num-threads", "1"]
     started = time.strftime("%Y-%m-%d %H:%M")

@@ -81,44 +81,36 @@ def torchrun_worker_env(rank, nproc, port):
             "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", **({"OMP_NUM_THREADS": "1"} if nproc > 1 else {})}
 
 
-def simulated_nodes(example, nnodes, nproc_per_node, launcher="torchrun", args=(), *, port=None, bin_dir=None,
-                    python=None):
-    """Commands that run `example` as `nnodes` nodes of `nproc_per_node` ranks, all on this host: a multi-node
-    launch rehearsed on one machine. Start every command at once; together they make one job.
+def nodes_over_a_network(example, namespaces, nproc_per_node, args=(), *, launcher="torchrun", address="10.77.0.1",
+                         port=29400, bin_dir=None, interface="eth0", python=None):
+    """Commands that run `example` on the nodes tools/nodes.py made (network namespaces, node N's eth0 at
+    10.77.0.N+1, node 0's at `address`), `nproc_per_node` ranks on each; gloo told which interface reaches the
+    other nodes (GLOO_SOCKET_IFNAME=eth0; `interface` names another, as a mistaken job would). Each namespace
+    has ports of its own: a fixed port is free.
 
-    torchrun: one launcher per "node" (as on a cluster: one per host), meeting at a c10d rendezvous on loopback;
-    local ranks restart at 0 on each node, global ranks do not. mpiexec (MPICH's Hydra): one launch over
-    `nnodes` host entries that all name this machine, its proxies forked instead of started over ssh.
-    """
-    python = str(python or sys.executable)
+    torchrun: one per node, in its namespace, each told its node's number and node 0's address (torchrun's
+    static rendezvous, as PyTorch's multi-node example: the namespaces share the machine's hostname, which a
+    c10d rendezvous would take for node 0's). mpiexec (MPICH's Hydra): one, in node 0, over a host list of
+    the nodes' addresses; Hydra starts each node's proxy through tools/node_rsh.sh (in the node's namespace)
+    where a cluster uses ssh, and `-iface eth0` makes it, and MPI, use the link; MASTER_ADDR is node 0's
+    address (a host name here resolves to loopback)."""
     bin_dir = Path(bin_dir or Path(sys.executable).parent)
-    port = str(port or free_port())
-    program, tail = [str(script_path(example))], [*map(str, args)]
+    program, tail = str(script_path(example)), [*map(str, args)]
     if launcher == "torchrun":
-        node = [str(bin_dir / "torchrun"), "--nnodes", str(nnodes), "--nproc_per_node", str(nproc_per_node),
-                "--rdzv_backend", "c10d", "--rdzv_endpoint", f"{LOOPBACK}:{port}", "--rdzv_id", "simulated",
-                *program, *tail]
-        return [node] * nnodes  # the same command on every node: the rendezvous numbers the nodes
+        return [["ip", "netns", "exec", name, "env", f"GLOO_SOCKET_IFNAME={interface}", str(bin_dir / "torchrun"),
+                 "--nnodes", str(len(namespaces)), "--node_rank", str(node), "--nproc_per_node", str(nproc_per_node),
+                 "--master_addr", address, "--master_port", str(port), program, *tail]
+                for node, name in enumerate(namespaces)]
     if launcher == "mpiexec":
-        hosts = ",".join(f"127.0.0.{i + 1}" for i in range(nnodes))
-        return [[str(bin_dir / "mpiexec"), "-launcher", "fork", "-hosts", hosts, "-ppn", str(nproc_per_node),
-                 "-n", str(nnodes * nproc_per_node), "-env", "MASTER_PORT", port, python, *program, *tail]]
-    raise ValueError(f"simulated nodes are started by torchrun or mpiexec, not {launcher!r}")
-
-
-def nodes_over_a_network(example, namespaces, nproc_per_node, args=(), *, address="10.77.0.1", port=29400,
-                         bin_dir=None, interface="eth0"):
-    """Commands that run `example` on the nodes tools/nodes.py made (network namespaces, node 0's eth0 at
-    `address`), `nproc_per_node` ranks on each: one torchrun per node, in its namespace, each told its node's
-    number and node 0's address (torchrun's static rendezvous, as PyTorch's multi-node example: the namespaces
-    share the machine's hostname, which a c10d rendezvous would take for node 0's); gloo told which interface
-    reaches the other nodes (GLOO_SOCKET_IFNAME=eth0; `interface` names another, as a mistaken job would). Each
-    namespace has ports of its own: a fixed port is free."""
-    bin_dir = Path(bin_dir or Path(sys.executable).parent)
-    return [["ip", "netns", "exec", name, "env", f"GLOO_SOCKET_IFNAME={interface}", str(bin_dir / "torchrun"),
-             "--nnodes", str(len(namespaces)), "--node_rank", str(node), "--nproc_per_node", str(nproc_per_node),
-             "--master_addr", address, "--master_port", str(port), str(script_path(example)), *map(str, args)]
-            for node, name in enumerate(namespaces)]
+        hosts = ",".join(f"{address.rsplit('.', 1)[0]}.{int(address.rsplit('.', 1)[1]) + node}"
+                         for node in range(len(namespaces)))
+        return [["ip", "netns", "exec", namespaces[0], "env", f"COURSE_NODES={namespaces[0][:-1]}",
+                 str(bin_dir / "mpiexec"), "-iface", "eth0", "-launcher", "ssh", "-launcher-exec",
+                 str(ROOT / "tools" / "node_rsh.sh"), "-hosts", hosts, "-ppn", str(nproc_per_node),
+                 "-n", str(len(namespaces) * nproc_per_node), "-genv", "MASTER_ADDR", address,
+                 "-genv", "MASTER_PORT", str(port), "-genv", "GLOO_SOCKET_IFNAME", interface,
+                 str(python or sys.executable), program, *tail]]
+    raise ValueError(f"nodes over a network are started by torchrun or mpiexec, not {launcher!r}")
 
 
 # The ports a launch meets: tools/soak.py --port-pressure and its control.
