@@ -7,7 +7,9 @@ rank each, gloo over the link. For an unshaped link and each --rates:
   message hop) from the unshaped link, where the rate does not hide it;
 - DDP/main.py's training throughput at 2 nodes x 1 rank, and its weak-scaling efficiency against one rank alone
   (throughput(2) / (2 x throughput(1)), the same batch per rank);
-- beside it, the alpha-beta model's two bounds: the all-reduce of DDP's gradient buckets takes
+- diagnose/overlap.py's ways to communicate one DDP step at 2 nodes (--overlap-variants), each one's
+  efficiency against the two-process ceiling (no communication): where compression starts to pay;
+- beside DDP's throughput, the alpha-beta model's two bounds: the all-reduce of DDP's gradient buckets takes
   t = 2(N-1)·alpha + 2(N-1)/N · S/rate per bucket; with no overlap a step at 2 nodes takes one rank's step
   plus t (efficiency step(1) / (step(1) + t)); hidden entirely behind the step (DDP starts each bucket's
   all-reduce during backward), it takes the longer of the two (step(1) / max(step(1), t)).
@@ -66,15 +68,20 @@ def throughput(log_dir):
     return statistics.median(m["samples_per_s"] for m in history[1:])
 
 
-def measure(rate, ddp_flags, sizes, tmp, timeout):
-    """One link: the ring fit and DDP's throughput at 2 nodes x 1 rank."""
+def measure(rate, ddp_flags, sizes, variants, tmp, timeout):
+    """One link: the ring fit, DDP's throughput at 2 nodes x 1 rank, and overlap.py's variants."""
     with nodes.nodes(2, rate) as names:
         run_on_nodes(names, "diagnose/collectives.py", ["--ops", "all_reduce", *sizes, "--repeats", "3",
                                                         "--out", tmp / "fit"], timeout)
         run_on_nodes(names, "DDP/main.py", [*ddp_flags, "--log-dir", tmp / "ddp"], timeout)
+        if variants:
+            run_on_nodes(names, "diagnose/overlap.py", ["--variants", "none", *variants, "--rounds", "3",
+                                                        "--json", tmp / "overlap.json"], timeout)
     fit = json.loads((tmp / "fit" / "collectives.json").read_text())["fit"]
+    rows = json.loads((tmp / "overlap.json").read_text())["rows"] if variants else []
     return dict(rate=rate, rate_Bps=bytes_per_s(rate) if rate else None, alpha_s=fit["alpha_s"],
-                beta_Bps=fit["beta_Bps"], buckets=fit["ddp_buckets"], samples_per_s=throughput(tmp / "ddp"))
+                beta_Bps=fit["beta_Bps"], buckets=fit["ddp_buckets"], samples_per_s=throughput(tmp / "ddp"),
+                overlap={row["variant"]: row["efficiency"] for row in rows if row["variant"] != "none"})
 
 
 def ring_time(nbytes, n, alpha, beta):
@@ -86,6 +93,8 @@ def main():
     parser.add_argument("--rates", nargs="+", default=["1gbit", "500mbit", "200mbit"], type=str,
                         help="each link's sending rate, as tc writes it")
     parser.add_argument("--quick", action="store_true", help="3 epochs x 10 steps per DDP run (else 4 x 30)")
+    parser.add_argument("--overlap-variants", nargs="*", default=["ddp", "ddp-cap1", "ddp-fp16", "ddp-powersgd"],
+                        help="diagnose/overlap.py's variants to time on each link (none: skip it)")
     parser.add_argument("--out", default=str(ROOT / "runs" / "bench" / "network.json"))
     parser.add_argument("--timeout", type=int, default=600, help="seconds per run")
     args = parser.parse_args()
@@ -116,7 +125,7 @@ def main():
             (tmp / str(i)).mkdir()
             sizes = ["--min-size", "1K", "--max-size", "4M"] if rate is None else ["--min-size", "1M", "--max-size",
                                                                                      "4M"]
-            links.append(measure(rate, ddp_flags, sizes, tmp / str(i), args.timeout))
+            links.append(measure(rate, ddp_flags, sizes, args.overlap_variants, tmp / str(i), args.timeout))
     alpha = links[0]["alpha_s"]  # the stack's own cost, from the unshaped link
     step_one = 64 / single
     for link in links:
@@ -135,6 +144,13 @@ def main():
               f"{link['predicted_hidden']:>8.2f}")
     print(f"alpha (unshaped link) {1e6 * alpha:.0f} us per message hop; DDP's buckets "
           + " + ".join(f"{b / 1e6:.2f}" for b in links[0]["buckets"]) + " MB")
+    if args.overlap_variants:
+        print("\ndiagnose/overlap.py at 2 nodes, batch 32 per rank: each variant's efficiency (the ceiling's step / "
+              "its step)")
+        print(f"{'link':>10}" + "".join(f"{v:>14}" for v in args.overlap_variants))
+        for link in links:
+            print(f"{link['rate'] or 'unshaped':>10}" + "".join(f"{link['overlap'].get(v, float('nan')):>14.2f}"
+                                                                for v in args.overlap_variants))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(dict(started=started, machine=os.uname().nodename, cores=os.cpu_count(),
                                               single_samples_per_s=single, links=links, ddp_flags=ddp_flags),
