@@ -14,7 +14,7 @@ rank each, gloo over the link. For an unshaped link and each --rates:
   plus t (efficiency step(1) / (step(1) + t)); hidden entirely behind the step (DDP starts each bucket's
   all-reduce during backward), it takes the longer of the two (step(1) / max(step(1), t)).
 
-    python tools/bench_network.py                 # as root: unshaped, 1gbit, 500mbit, 200mbit (about 5 minutes)
+    python tools/bench_network.py                 # as root: unshaped, 1gbit, 500mbit, 200mbit (about 8 minutes)
     python tools/bench_network.py --rates 100mbit 10gbit --quick
 
 Results: a table on stdout and runs/bench/network.json. A run's throughput is the median over its epochs after
