@@ -14,11 +14,14 @@ from support import DDP, DS, GPT_SPLIT, HVD_TORCH, PP, QUICK, TP, check, run, ru
 from tools import launch, nodes
 
 # Why a skip here hides no broken path: making a network namespace needs root (CAP_NET_ADMIN), which a laptop's
-# `make test` may not have; only that skips, and under CI (root) these tests always run: there, not being root fails.
+# `make test` may not have. Only the tests that make namespaces carry the mark, and only a missing root skips them;
+# under CI (root) they always run, and there not being root fails the file at once. The tests that make no
+# namespace (the launcher refused, the bench's rates) run everywhere.
 NOT_ROOT = os.geteuid() != 0
 if NOT_ROOT and os.environ.get("CI", "").lower() == "true":
     raise RuntimeError("tests/test_nodes.py: CI must run as root (network namespaces need CAP_NET_ADMIN)")
-pytestmark = pytest.mark.skipif(NOT_ROOT, reason="network namespaces need root (CAP_NET_ADMIN); under CI they run")
+needs_root = pytest.mark.skipif(NOT_ROOT, reason="makes network namespaces, which need root (CAP_NET_ADMIN): "
+                                "only a machine without root skips; under CI, not being root fails")
 
 SHORT = ["--epochs", "1", "--max-steps", "8", "--num-threads", "1"]
 LISTEN = """
@@ -57,6 +60,7 @@ def transfer(names, to_address, connect_address):
         listener.kill()
 
 
+@needs_root
 def test_nodes_are_namespaces_joined_by_a_shaped_link_and_go_away():
     with nodes.nodes(2, "200mbit") as names:
         tag = names[0].rsplit("-", 1)[0]
@@ -70,6 +74,7 @@ def test_nodes_are_namespaces_joined_by_a_shaped_link_and_go_away():
     assert nodes.namespaces(tag.removeprefix(nodes.PREFIX)) == []
 
 
+@needs_root
 def test_nodes_go_away_when_the_block_fails():
     with pytest.raises(RuntimeError, match="a failed run"):
         with nodes.nodes(2) as names:
@@ -83,6 +88,7 @@ ACROSS = [(DDP, "torchrun", "torchrun"), (DDP, "mpiexec", "torchrun"), (HVD_TORC
           (DS, "torchrun", "torchrun"), (TP, "torchrun", "torchrun"), (PP, "torchrun", "torchrun")]
 
 
+@needs_root
 @pytest.mark.parametrize("script, launcher, one_node_launcher", ACROSS, ids=[f"{s}-{n}" for s, n, _ in ACROSS])
 def test_every_pytorch_lesson_on_two_nodes_over_a_link_equals_one_node(shared_run, tmp_path, script, launcher,
                                                                        one_node_launcher):
@@ -102,6 +108,7 @@ def test_every_pytorch_lesson_on_two_nodes_over_a_link_equals_one_node(shared_ru
     same_training(one, tmp_path / "two")
 
 
+@needs_root
 def test_ddp_on_two_nodes_of_two_ranks_numbers_ranks_globally_and_equals_one_node(tmp_path):
     """2 nodes x 2 ranks over the link: each node's torchrun starts local ranks 0 and 1, the rendezvous gives node 0
     global ranks 0-1 and node 1 ranks 2-3, and the training equals 4 ranks on one node."""
@@ -126,6 +133,7 @@ def test_nodes_over_a_network_refuses_a_launcher_that_cannot_do_it():
         launch.nodes_over_a_network(DDP, ["course-x-node0", "course-x-node1"], 1, launcher="horovodrun")
 
 
+@needs_root
 def test_an_interface_the_other_node_cannot_reach_is_one_line_on_every_rank(tmp_path):
     """GLOO_SOCKET_IFNAME naming loopback (or, unset, a host name that resolves to 127.0.0.1) across nodes: each rank
     tells its peers 127.0.0.1, which no other node reaches. Every rank ends in one line that says which address and
@@ -146,6 +154,7 @@ def test_an_interface_the_other_node_cannot_reach_is_one_line_on_every_rank(tmp_
         assert not re.search(r'File "[^"]*DDP/main\.py"', err), err[-3000:]  # no traceback through the lesson
 
 
+@needs_root
 def test_the_ring_fit_recovers_the_shaped_link_rate(tmp_path):
     """diagnose/collectives.py across two nodes whose links tc holds to 500 Mbit/s: the ring fit's beta is the link's
     rate within 20% (62.5 MB/s; a 2-rank ring all-reduce sends each rank's whole buffer once over its link). Sizes

@@ -23,7 +23,6 @@ the first (warm-up). Needs root (network namespaces); nothing is sent anywhere b
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -32,6 +31,7 @@ from pathlib import Path
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # the repo root, after site-packages
 from tools import launch, nodes
+from tools.bench_report import steady_throughput
 
 ROOT = Path(__file__).resolve().parents[1]
 UNITS = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
@@ -63,9 +63,8 @@ def run_on_nodes(names, script, args, timeout):
 
 
 def throughput(log_dir):
-    """Median samples/s over the epochs after the first."""
-    history = [json.loads(line) for line in (Path(log_dir) / "metrics.jsonl").read_text().splitlines()]
-    return statistics.median(m["samples_per_s"] for m in history[1:])
+    """Median samples/s over the epochs after the first (bench_report's rule)."""
+    return steady_throughput([json.loads(line) for line in (Path(log_dir) / "metrics.jsonl").read_text().splitlines()])
 
 
 def measure(rate, ddp_flags, sizes, variants, tmp, timeout):

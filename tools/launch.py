@@ -81,10 +81,10 @@ def torchrun_worker_env(rank, nproc, port):
             "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", **({"OMP_NUM_THREADS": "1"} if nproc > 1 else {})}
 
 
-def nodes_over_a_network(example, namespaces, nproc_per_node, args=(), *, launcher="torchrun", address="10.77.0.1",
-                         port=29400, bin_dir=None, interface="eth0", python=None):
+def nodes_over_a_network(example, namespaces, nproc_per_node, args=(), *, launcher="torchrun", port=29400,
+                         bin_dir=None, interface="eth0", python=None):
     """Commands that run `example` on the nodes tools/nodes.py made (network namespaces, node N's eth0 at
-    10.77.0.N+1, node 0's at `address`), `nproc_per_node` ranks on each; gloo told which interface reaches the
+    nodes.address(N)), `nproc_per_node` ranks on each; gloo told which interface reaches the
     other nodes (GLOO_SOCKET_IFNAME=eth0; `interface` names another, as a mistaken job would). Each namespace
     has ports of its own: a fixed port is free.
 
@@ -94,17 +94,18 @@ def nodes_over_a_network(example, namespaces, nproc_per_node, args=(), *, launch
     the nodes' addresses; Hydra starts each node's proxy through tools/node_rsh.sh (in the node's namespace)
     where a cluster uses ssh, and `-iface eth0` makes it, and MPI, use the link; MASTER_ADDR is node 0's
     address (a host name here resolves to loopback)."""
+    from tools import nodes
     bin_dir = Path(bin_dir or Path(sys.executable).parent)
     program, tail = str(script_path(example)), [*map(str, args)]
+    address = nodes.address(0)
     if launcher == "torchrun":
         return [["ip", "netns", "exec", name, "env", f"GLOO_SOCKET_IFNAME={interface}", str(bin_dir / "torchrun"),
                  "--nnodes", str(len(namespaces)), "--node_rank", str(node), "--nproc_per_node", str(nproc_per_node),
                  "--master_addr", address, "--master_port", str(port), program, *tail]
                 for node, name in enumerate(namespaces)]
     if launcher == "mpiexec":
-        hosts = ",".join(f"{address.rsplit('.', 1)[0]}.{int(address.rsplit('.', 1)[1]) + node}"
-                         for node in range(len(namespaces)))
-        return [["ip", "netns", "exec", namespaces[0], "env", f"COURSE_NODES={namespaces[0][:-1]}",
+        hosts = ",".join(nodes.address(node) for node in range(len(namespaces)))
+        return [["ip", "netns", "exec", namespaces[0], "env", f"COURSE_NODES={namespaces[0].removesuffix('0')}",
                  str(bin_dir / "mpiexec"), "-iface", "eth0", "-launcher", "ssh", "-launcher-exec",
                  str(ROOT / "tools" / "node_rsh.sh"), "-hosts", hosts, "-ppn", str(nproc_per_node),
                  "-n", str(len(namespaces) * nproc_per_node), "-genv", "MASTER_ADDR", address,
