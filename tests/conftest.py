@@ -72,6 +72,17 @@ def no_tensorflow_in_the_test_process():
 
 
 @pytest.fixture(autouse=True)
+def a_test_that_names_a_launcher_runs_it(request):
+    """support.launcher_named_but_not_run, over what the test started."""
+    import support
+    support.LAUNCHED.clear()
+    yield
+    problem = support.launcher_named_but_not_run(request.node.nodeid, support.LAUNCHED)
+    if problem:
+        pytest.fail(problem)
+
+
+@pytest.fixture(autouse=True)
 def no_stopped_process_left_behind():
     """A test that stops a rank (SIGSTOP) must end it too: a stopped process never ends by itself,
     and holds its memory and ports for the rest of the session."""

@@ -60,14 +60,26 @@ def weights_digest(log_dir):
 
 def run(cmd, timeout=300, env=None, cwd=ROOT):
     """Run `cmd` in its own process group; on timeout kill the whole group and fail (a hang is a failure)."""
+    started = time.monotonic()
+    try:
+        return _run(cmd, timeout, env, cwd)
+    finally:
+        if os.environ.get("COURSE_LAUNCH_LOG"):  # an inventory of the suite's launches (tools/PERFORMANCE.md)
+            with open(os.environ["COURSE_LAUNCH_LOG"], "a") as log:
+                log.write(json.dumps({"test": os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0],
+                                      "cmd": [str(c) for c in cmd][:12], "warm": isinstance(cmd, WarmCommand),
+                                      "s": round(time.monotonic() - started, 2)}) + "\n")
+
+
+def _run(cmd, timeout, env, cwd):
     full_env = dict(os.environ, PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2",
                     PATH=f"{BIN}:{os.environ.get('PATH', '')}")
     full_env.update(env or {})
     if any(name.startswith("COURSE_") for name in env or {}):  # test-only fault injection (tests/hooks/faults.py)
         full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "tests" / "hooks"),
                                                                  full_env.get("PYTHONPATH")]))
+    LAUNCHED.extend(["warm"] if isinstance(cmd, WarmCommand) else launchers_in(cmd))
     if isinstance(cmd, WarmCommand):  # ranks forked from a warm interpreter (tests/warm.py)
-        refuse_warm_where_a_launcher_is_named()
         code, out, err, timed_out = run_warm(cmd, timeout, full_env, cwd)
         if timed_out:
             pytest.fail(f"timed out after {timeout}s: {' '.join(cmd)}\n--- stdout\n{out[-3000:]}\n"
@@ -86,15 +98,25 @@ def run(cmd, timeout=300, env=None, cwd=ROOT):
 
 
 LAUNCHER_NAMES = re.compile(r"torchrun|mpiexec|mpirun|horovodrun|srun|sbatch|qsub|deepspeed[-_]launcher")
+LAUNCHED = []  # what the running test started (conftest.py empties it before each test): "warm" or launchers' names
 
 
-def refuse_warm_where_a_launcher_is_named():
-    """A test whose id names a launcher makes a claim about it: it launches it (tests/README.md)."""
-    test_id = os.environ.get("PYTEST_CURRENT_TEST", "").split("::", 1)[-1].rsplit(" (", 1)[0]
-    named = LAUNCHER_NAMES.search(test_id)
-    if named:
-        pytest.fail(f"{test_id} names {named.group()} but starts its ranks warm: a test that names a launcher "
-                    "launches it (tests/README.md)")
+def launchers_in(cmd):
+    """The launchers a command runs, by name (a test that starts one itself, outside run(), adds them too)."""
+    names = {"torchrun", "mpiexec", "mpirun", "horovodrun", "srun", "sbatch", "qsub", "deepspeed"}
+    return [Path(str(part)).name for part in cmd if Path(str(part)).name in names]
+
+
+def launcher_named_but_not_run(test_id, launched):
+    """The rule (tests/README.md): a test whose id names a launcher makes a claim about it, so it runs it. One
+    that also starts warm ranks (a reference run, the other half of a comparison) must have run that launcher
+    too. What is wrong, in a line, or None."""
+    named = LAUNCHER_NAMES.search(test_id.split("::", 1)[-1])
+    if named and "warm" in launched and named.group().replace("_", "-") not in [
+            {"deepspeed": "deepspeed-launcher"}.get(name, name) for name in launched]:
+        return (f"{test_id} names {named.group()} but started its ranks warm and never ran {named.group()}: "
+                "a test that names a launcher launches it (tests/README.md)")
+    return None
 
 
 def kill_tree(proc):

@@ -17,7 +17,6 @@ from support import (
     error_lines,
     metrics,
     mpiexec,
-    python,
     run,
     summary,
     torchrun,
@@ -82,15 +81,15 @@ def write_config(tmp_path, **changes):
     return path
 
 
-@pytest.mark.parametrize("changes,words", [
-    ({"train_bach_size": 64}, "unknown key(s) train_bach_size"),
-    ({"zero_optimization": {"stage": 2, "overlap_com": True}}, "overlap_com: Extra inputs are not permitted"),
-    ({"train_batch_size": 65}, "train_batch_size 65 is not divisible by the 2 ranks"),
-    ({"gradient_clipping": 1.0}, "compute_grad_norm false, but gradient_clipping needs the norm"),
-], ids=["unknown-key", "unknown-zero-key", "batch-not-divisible", "clipping-without-norm"])
-def test_bad_config_fails_every_rank_with_one_line(tmp_path, changes, words):
+@pytest.mark.parametrize("changes,words,launch", [  # (one under mpiexec; the others' ranks start warm)
+    ({"train_bach_size": 64}, "unknown key(s) train_bach_size", mpiexec),
+    ({"zero_optimization": {"stage": 2, "overlap_com": True}}, "overlap_com: Extra inputs are not permitted", warm),
+    ({"train_batch_size": 65}, "train_batch_size 65 is not divisible by the 2 ranks", warm),
+    ({"gradient_clipping": 1.0}, "compute_grad_norm false, but gradient_clipping needs the norm", warm),
+], ids=["unknown-key-mpiexec", "unknown-zero-key", "batch-not-divisible", "clipping-without-norm"])
+def test_bad_config_fails_every_rank_with_one_line(tmp_path, changes, words, launch):
     config = write_config(tmp_path, **changes)
-    result = run(mpiexec(2, SCRIPT, "--deepspeed_config", config, "--log-dir", tmp_path / "log"), timeout=120)
+    result = run(launch(2, SCRIPT, "--deepspeed_config", config, "--log-dir", tmp_path / "log"), timeout=120)
     assert result.returncode != 0
     errors = error_lines(result.stderr)
     assert len(errors) == 2 and all(words in e for e in errors), result.stderr[-3000:]
@@ -99,7 +98,7 @@ def test_bad_config_fails_every_rank_with_one_line(tmp_path, changes, words):
 
 def test_bad_config_in_one_process_and_under_the_deepspeed_launcher(tmp_path):
     config = write_config(tmp_path, train_bach_size=64)
-    result = run(python(SCRIPT, "--deepspeed_config", config, "--log-dir", tmp_path / "one"), timeout=120)
+    result = run(warm(1, SCRIPT, "--deepspeed_config", config, "--log-dir", tmp_path / "one"), timeout=120)
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert [e for e in error_lines(result.stderr) if "train_bach_size" in e] == error_lines(result.stderr) != []
     # The deepspeed launcher stops the other rank as soon as one fails: at least one line, and a non-zero exit.

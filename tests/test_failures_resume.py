@@ -27,7 +27,6 @@ from support import (
     remove_the_half_written_file,
     run,
     summary,
-    torchrun,
     warm,
     weights_digest,
     without_timing,
@@ -99,7 +98,7 @@ def test_torchrun_elastic_restart_resumes_from_the_checkpoint(tmp_path, tiny, sc
     if script in (GPT_FSDP, TP):  # the transformer's text; --save-model: the whole model, to compare
         flags = [*GPT_SMALL, "--epochs", "3", "--max-steps", "4", "--batch-size", "4", "--seed", "7", "--save-model"]
     resume = ["--resume", "auto"] if script != TP else []
-    check(run(torchrun(2, script, *flags, "--log-dir", tmp_path / "straight"), timeout=240))
+    check(run(warm(2, script, *flags, "--log-dir", tmp_path / "straight"), timeout=240))  # (the reference)
     elastic = launch_command(script, 2, "torchrun", [*flags, *resume, "--log-dir", tmp_path / "elastic"],
                              launcher_flags=["--max-restarts", "1"])
     # Where rank 1 stops, and the epochs the restarted workers may go on at. DDP and DeepSpeed save at the end of

@@ -24,7 +24,6 @@ from support import (
     assert_log_dir_sound,
     check,
     error_lines,
-    horovodrun,
     metrics,
     run,
     summary,
@@ -36,11 +35,16 @@ from support import (
 FLAGS = ["--batch-size", "16", "--num-threads", "1", "--seed", "7", "--log-interval", "100"]
 
 
+def as_horovodrun(nproc, script, *args):
+    """Horovod's ranks started warm, as `horovodrun --gloo` starts them (tests/warm.py)."""
+    return warm(nproc, script, *args, launcher="horovodrun")
+
+
 @pytest.fixture(
     scope="module",
     params=[
         pytest.param((DDP, warm), id="ddp"),  # (ranks started warm: tests/README.md)
-        pytest.param((HVD_TORCH, horovodrun), id="hvd-torch-horovodrun"),
+        pytest.param((HVD_TORCH, as_horovodrun), id="hvd-torch"),
     ],
 )
 def written_at_2(request, tmp_path_factory, tiny):
@@ -65,9 +69,9 @@ def test_a_checkpoint_of_2_ranks_continues_at_another_world_size(tmp_path, tiny,
 def test_a_tensorflow_checkpoint_of_2_ranks_continues_at_1_rank(tmp_path, tiny):
     """Horovod TensorFlow's tf.train.Checkpoint holds the whole model and optimizer once, as well."""
     written = tmp_path / "written"
-    check(run(horovodrun(2, HVD_TF, *FLAGS, "--epochs", "1", "--data-dir", tiny, "--log-dir", written),
-                timeout=300))
-    assert_continues(HVD_TF, horovodrun, written, 1, tmp_path / "log", tiny)
+    check(run(as_horovodrun(2, HVD_TF, *FLAGS, "--epochs", "1", "--data-dir", tiny, "--log-dir", written),
+              timeout=300))
+    assert_continues(HVD_TF, as_horovodrun, written, 1, tmp_path / "log", tiny)
 
 
 def assert_continues(script, launcher, written, ranks, log_dir, tiny):

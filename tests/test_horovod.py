@@ -15,9 +15,9 @@ from support import (
     horovodrun,
     metrics,
     mpiexec,
-    python,
     run,
     summary,
+    warm,
 )
 
 
@@ -75,8 +75,8 @@ def test_two_ranks_train_and_stay_identical(request, quick_run, script, launch, 
 
 def test_fp16_allreduce_trains_and_keeps_ranks_identical(tmp_path):
     # (and a knob set in the environment wins over the course's default)
-    check(run(horovodrun(2, HVD_TORCH, *QUICK, "--fp16-allreduce", "--log-dir", tmp_path), timeout=300,
-              env={"HOROVOD_CYCLE_TIME": "2"}))
+    check(run(warm(2, HVD_TORCH, *QUICK, "--fp16-allreduce", "--log-dir", tmp_path, launcher="horovodrun"),
+              timeout=300, env={"HOROVOD_CYCLE_TIME": "2"}))
     assert_trained_and_identical(tmp_path)
     assert json.loads((tmp_path / "config.json").read_text())["horovod_knobs"] == {"HOROVOD_CYCLE_TIME": "2"}
 
@@ -84,8 +84,9 @@ def test_fp16_allreduce_trains_and_keeps_ranks_identical(tmp_path):
 def test_torch_two_ranks_equal_one_process_on_the_combined_batch(tmp_path):
     same = ["--epochs", "1", "--max-steps", "6", "--no-lr-scaling", "--dropout", "0", "--lr", "0.05",
             "--save-model"]
-    check(run(horovodrun(2, HVD_TORCH, *same, "--batch-size", "32", "--log-dir", tmp_path / "two"), timeout=300))
-    check(run(python(HVD_TORCH, *same, "--batch-size", "64", "--log-dir", tmp_path / "one"), timeout=300))
+    check(run(warm(2, HVD_TORCH, *same, "--batch-size", "32", "--log-dir", tmp_path / "two", launcher="horovodrun"),
+              timeout=300))
+    check(run(warm(1, HVD_TORCH, *same, "--batch-size", "64", "--log-dir", tmp_path / "one"), timeout=300))
     two = torch.load(tmp_path / "two" / "model.pt", weights_only=True)
     one = torch.load(tmp_path / "one" / "model.pt", weights_only=True)
     for name in one:
@@ -93,17 +94,18 @@ def test_torch_two_ranks_equal_one_process_on_the_combined_batch(tmp_path):
 
 
 def test_tf_reaches_90_percent_on_real_digits(tmp_path):
-    check(run(horovodrun(2, HVD_TF, "--epochs", "2", "--log-dir", tmp_path), timeout=400))
+    check(run(warm(2, HVD_TF, "--epochs", "2", "--log-dir", tmp_path, launcher="horovodrun"), timeout=400))
     assert metrics(tmp_path)[-1]["test_acc"] >= 0.90
 
 
-@pytest.mark.parametrize("name", ["torch-horovodrun-gloo", "tf-horovodrun-gloo"])
+@pytest.mark.parametrize("name", ["torch-horovodrun-gloo", "tf-horovodrun-gloo"], ids=["torch-gloo", "tf-gloo"])
 def test_resume_matches_an_uninterrupted_run(tmp_path, quick_run, name):
-    """Epoch 1, then --resume to epoch 2, ends where the 2-epoch run of the same flags ended."""
-    script, launch, _ = launch_named(name)
+    """Epoch 1, then --resume to epoch 2 (ranks started warm as horovodrun --gloo's), ends where the 2-epoch run
+    of the same flags under horovodrun ended."""
+    script, _, _ = launch_named(name)
     straight = quick_run(name)
-    check(run(launch(script, *FLAGS[script], "--epochs", "1", "--log-dir", tmp_path), timeout=300))
-    check(run(launch(script, *FLAGS[script], "--resume", "--log-dir", tmp_path), timeout=300))
+    for more in (["--epochs", "1"], ["--resume"]):
+        check(run(warm(2, script, *FLAGS[script], *more, "--log-dir", tmp_path, launcher="horovodrun"), timeout=300))
     assert summary(tmp_path)["param_checksums"] == summary(straight)["param_checksums"]
     assert [m["epoch"] for m in metrics(tmp_path)] == [1, 2]
     assert metrics(tmp_path)[1]["train_loss"] == pytest.approx(metrics(straight)[1]["train_loss"], abs=1e-9)
@@ -112,8 +114,9 @@ def test_resume_matches_an_uninterrupted_run(tmp_path, quick_run, name):
 def test_adasum_trains_under_mpi_and_is_refused_clearly_under_gloo(tmp_path):
     check(run(mpiexec(2, HVD_TORCH, *QUICK, "--use-adasum", "--log-dir", tmp_path / "mpi"), timeout=300))
     assert_trained_and_identical(tmp_path / "mpi")
-    result = run(horovodrun(2, HVD_TORCH, *QUICK, "--use-adasum", "--log-dir", tmp_path / "gloo"), timeout=180)
-    assert_each_rank_refused(result, "Adasum", 2, horovodrun)
+    result = run(warm(2, HVD_TORCH, *QUICK, "--use-adasum", "--log-dir", tmp_path / "gloo", launcher="horovodrun"),
+                 timeout=180)
+    assert_each_rank_refused(result, "Adasum", 2, "warm")
 
 
 @pytest.mark.parametrize("script", [HVD_TORCH, HVD_TF, HVD_KERAS])

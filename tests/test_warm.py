@@ -8,7 +8,7 @@ import time
 import psutil
 import pytest
 
-from support import DDP, QUICK, check, launch_command, metrics, run, summary, warm, without_timing
+from support import DDP, HVD_TF, HVD_TORCH, QUICK, check, launch_command, metrics, run, summary, warm, without_timing
 
 ENDINGS = {  # a script's last act -> (how it ends: the exit code as Popen gives it)
     "ok": "print('done')",
@@ -57,29 +57,34 @@ def test_a_warm_child_ends_as_the_same_script_under_python(tmp_path, ending):
     assert warmed.stderr.splitlines()[-1:] == cold.stderr.splitlines()[-1:], (warmed.stderr, cold.stderr)
 
 
-def test_warm_ranks_get_the_variables_a_real_launch_gives(tmp_path):
-    """Each rank's environment, less the parent's, is torchrun's for its workers, but for the agent's own store
-    and error file (no agent: rank 0 hosts the store, as under mpiexec) and the port's number."""
+@pytest.mark.parametrize("launcher", ["torchrun", "horovodrun"])
+def test_warm_ranks_get_the_variables_a_real_launch_gives(tmp_path, launcher):
+    """Each rank's environment, less the parent's, is the launcher's for its workers, but for the port's number
+    and, for torchrun, the agent's own store and error file (no agent: rank 0 hosts the store, as under mpiexec).
+    horovodrun's rendezvous server runs in the test's process."""
     # (each rank writes a file of its own: two ranks' lines of several KB on one pipe can interleave)
     script = tmp_path / "env.py"
     script.write_text("import json, os, sys\n"
-                      "with open(os.path.join(sys.argv[1], 'env.' + os.environ['RANK']), 'w') as f:\n"
+                      "rank = os.environ.get('RANK', os.environ.get('HOROVOD_RANK'))\n"
+                      "with open(os.path.join(sys.argv[1], 'env.' + rank), 'w') as f:\n"
                       "    json.dump(dict(os.environ), f)\n")
-    own = dict(os.environ)
+    own, port = dict(os.environ), {"torchrun": "MASTER_PORT", "horovodrun": "HOROVOD_GLOO_RENDEZVOUS_PORT"}[launcher]
 
     def added(result, folder):
         check(result)
         envs = [json.loads(path.read_text()) for path in folder.glob("env.*")]
         assert len(envs) == 2, envs
-        return sorted(({k: v for k, v in e.items() if own.get(k) != v and k not in ("MASTER_PORT", "_")}
-                       for e in envs), key=lambda e: e["RANK"])
+        return sorted(({k: v for k, v in e.items() if own.get(k) != v and k not in (port, "_")}
+                       for e in envs), key=lambda e: e.get("RANK", e.get("HOROVOD_RANK")))
 
     (tmp_path / "launched").mkdir()
     (tmp_path / "warm").mkdir()
-    launched = added(run(launch_command(script, 2, "torchrun", [tmp_path / "launched"])), tmp_path / "launched")
-    for e in launched:
-        assert e.pop("TORCHELASTIC_USE_AGENT_STORE") == "True" and e.pop("TORCHELASTIC_ERROR_FILE")
-    assert added(run(warm(2, script, tmp_path / "warm")), tmp_path / "warm") == launched
+    launched = added(run(launch_command(script, 2, launcher, [tmp_path / "launched"])), tmp_path / "launched")
+    if launcher == "torchrun":
+        for e in launched:
+            assert e.pop("TORCHELASTIC_USE_AGENT_STORE") == "True" and e.pop("TORCHELASTIC_ERROR_FILE")
+    as_launcher = {"horovodrun": "horovodrun"}.get(launcher)
+    assert added(run(warm(2, script, tmp_path / "warm", launcher=as_launcher)), tmp_path / "warm") == launched
 
 
 def test_a_warm_run_past_its_timeout_is_killed_and_fails(tmp_path):
@@ -98,17 +103,27 @@ def test_a_warm_run_past_its_timeout_is_killed_and_fails(tmp_path):
     assert not any(psutil.pid_exists(pid) for pid in pids)
 
 
-def test_two_warm_ranks_end_as_a_launched_run_digit_for_digit(shared_run, tmp_path):
-    """DDP's QUICK run: the same weights and the same metrics as the 2-rank run under its launcher."""
-    launched = shared_run(DDP, "torchrun", QUICK)[0]
-    check(run(warm(2, DDP, *QUICK, "--log-dir", tmp_path)))
+@pytest.mark.parametrize("script,launcher,flags", [(DDP, "torchrun", QUICK), (HVD_TORCH, "horovodrun", QUICK),
+                                                   (HVD_TF, "horovodrun", [*QUICK, "--dropout", "0"])],
+                         ids=["ddp", "horovod-pytorch", "horovod-tensorflow"])  # (the launched run: shared_run's)
+def test_two_warm_ranks_end_as_a_launched_run_digit_for_digit(shared_run, tmp_path, script, launcher, flags):
+    """The lesson's QUICK run: the same weights and the same metrics as the 2-rank run under its launcher.
+    (TensorFlow's ranks fork from a server of their own, which imported TensorFlow and no torch.)"""
+    launched = shared_run(script, launcher, flags)[0]
+    check(run(warm(2, script, *flags, "--log-dir", tmp_path, launcher={"horovodrun": "horovodrun"}.get(launcher))))
     assert summary(tmp_path)["param_checksums"] == summary(launched)["param_checksums"]
     assert without_timing(metrics(tmp_path)) == without_timing(metrics(launched))
 
 
-def test_a_test_that_names_a_launcher_cannot_start_its_ranks_warm(monkeypatch, tmp_path):
-    """The rule (tests/README.md): a claim about a launcher launches it. A test whose id names one and starts
-    warm ranks fails at once."""
-    monkeypatch.setenv("PYTEST_CURRENT_TEST", "tests/test_x.py::test_every_rank_refuses[ddp-mpiexec] (call)")
-    with pytest.raises(pytest.fail.Exception, match="names mpiexec"):
-        run(warm(1, tmp_path / "never_run.py"))
+def test_a_test_that_names_a_launcher_and_starts_warm_ranks_must_run_the_launcher_too():
+    """The rule (tests/README.md): a claim about a launcher launches it. A test whose id names one may start warm
+    ranks (a reference run) only beside a real launch of it; conftest.py fails it after it ran otherwise."""
+    from support import launcher_named_but_not_run
+    test = "tests/test_x.py::test_every_rank_refuses[ddp-mpiexec]"
+    assert "never ran mpiexec" in launcher_named_but_not_run(test, ["warm"])
+    assert "never ran mpiexec" in launcher_named_but_not_run(test, ["warm", "torchrun"])
+    assert launcher_named_but_not_run(test, ["warm", "mpiexec"]) is None
+    assert launcher_named_but_not_run(test, ["mpiexec"]) is None  # (and one that starts nothing warm)
+    assert launcher_named_but_not_run("tests/test_x.py::test_it[keras-deepspeed_launcher]", ["warm", "deepspeed"]) \
+        is None
+    assert launcher_named_but_not_run("tests/test_x.py::test_every_rank_refuses[ddp]", ["warm"]) is None

@@ -6,12 +6,13 @@ ranks do (N ranks equal one process, a checkpoint continues, a bad value is refu
 them. Those tests start them here: one server per test process (a fresh interpreter, `python tests/warm.py`)
 imports torch and takes one optimizer step, then forks a child per rank. The child is a real process (its own pid,
 exit code, signals, stdout, stderr and files) that runs the lesson file as `__main__` with the launcher's
-environment (tools/launch.py `torchrun_worker_env`) and its argv. The lesson cannot tell, except that torch was
-already imported. Why a server of our own and not multiprocessing's forkserver: a forkserver child is a
-multiprocessing worker (its stdio, signals and exit code are the pool's, and it returns to the pool); ours must be
-`python lesson.py` in every way a test can see. It forks with no thread in the server but OpenBLAS's (checked
-before each fork; OpenBLAS stops its pool around a fork): no process group, no OpenMP pool. Which tests start
-warm, and which keep their launcher: tests/README.md.
+environment (tools/launch.py `torchrun_worker_env`, or `horovodrun_worker_env` with horovodrun's rendezvous server
+in the test's process) and its argv. A TensorFlow lesson's ranks fork from a server of their own. The lesson cannot
+tell, except that its framework was already imported. Why a server of our own and not multiprocessing's forkserver:
+a forkserver child is a multiprocessing worker (its stdio, signals and exit code are the pool's, and it returns to
+the pool); ours must be `python lesson.py` in every way a test can see. It forks with no thread in the server but
+OpenBLAS's (checked before each fork; OpenBLAS stops its pool around a fork): no process group, no OpenMP pool.
+Which tests start warm, and which keep their launcher: tests/README.md.
 
     run(warm(2, "DDP/main.py", "--epochs", "1"))     # as run(torchrun(2, ...)): a CompletedProcess
 """
@@ -34,40 +35,60 @@ ROOT = Path(__file__).resolve().parents[1]
 class WarmCommand(list):
     """What warm() returns: the command as a list to print, with what the server needs."""
 
-    def __init__(self, nproc, script, args):
+    def __init__(self, nproc, script, args, launcher):
         self.nproc, self.script, self.args = nproc, str(ROOT / script), [str(a) for a in args]
-        super().__init__(["warm", "-n", str(nproc), self.script, *self.args])
+        self.launcher = launcher
+        super().__init__(["warm", "-n", str(nproc), *(["--as", launcher] if launcher else []), self.script,
+                          *self.args])
 
 
-def warm(nproc, script, *args):
-    """`script` on `nproc` ranks forked warm: 1 is `python script`, more are torchrun's workers on one node."""
-    return WarmCommand(nproc, script, args)
+def warm(nproc, script, *args, launcher=None):
+    """`script` on `nproc` ranks forked warm: 1 is `python script`, more are torchrun's workers on one node;
+    launcher="horovodrun": `horovodrun --gloo`'s ranks (any number), their rendezvous server in this process."""
+    if launcher not in (None, "horovodrun"):
+        raise ValueError(f"warm ranks start as torchrun's (the default) or horovodrun's, not {launcher!r}")
+    return WarmCommand(nproc, script, args, launcher)
 
 
 # ---- the client: in the test's process ------------------------------------------------------------------------
 
-_server = None
+_servers = {}  # what it preloaded ("torch", "tensorflow") -> the server
 
 
-def _the_server():
-    global _server
-    if _server is None or _server.poll() is not None:
+def _the_server(kind):
+    server = _servers.get(kind)
+    if server is None or server.poll() is not None:
         folder = Path(tempfile.mkdtemp(prefix="warm-"))
         env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "PYTHONPATH")}
-        _server = subprocess.Popen([sys.executable, __file__, str(folder / "socket")], env=env, cwd=ROOT,
-                                   stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True,
-                                   start_new_session=True)
-        ready = _server.stdout.readline()
+        with open(folder / "stderr", "w") as err:  # (TensorFlow's import talks: kept for a server that fails)
+            server = subprocess.Popen([sys.executable, __file__, str(folder / "socket"), kind], env=env, cwd=ROOT,
+                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err, text=True,
+                                      start_new_session=True)
+        ready = server.stdout.readline()
         if not ready.startswith("ready "):
-            raise RuntimeError(f"the warm server did not start: {ready!r}")
-        _server.socket_path = ready.split(" ", 1)[1].strip()
-    return _server
+            raise RuntimeError(f"the warm server did not start: {ready!r}\n{(folder / 'stderr').read_text()}")
+        server.socket_path = ready.split(" ", 1)[1].strip()
+        _servers[kind] = server
+    return server
+
+
+def _kind(script):
+    """The server a lesson's ranks fork from: TensorFlow's for a lesson that imports it at its top level (a
+    process that has imported torch and its optimizer's triton must not load TensorFlow: tests/conftest.py),
+    torch's for every other."""
+    import ast
+    for node in ast.parse(Path(script).read_text()).body:
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+            [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+        if any(name.split(".")[0] == "tensorflow" for name in names):
+            return "tensorflow"
+    return "torch"
 
 
 def _start(argv, env, cwd, stdout, stderr):
     """One child: (pid, a socket that will carry its exit status)."""
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    conn.connect(_the_server().socket_path)
+    conn.connect(_the_server(_kind(argv[0])).socket_path)
     request = json.dumps({"argv": argv, "env": env, "cwd": str(cwd)}).encode()
     with open(os.devnull) as stdin:
         socket.send_fds(conn, [request], [stdin.fileno(), stdout, stderr])
@@ -99,15 +120,31 @@ def run_warm(cmd, timeout, env, cwd):
     """Run a WarmCommand as support.run runs a command: (returncode, stdout, stderr, timed out). The return code
     is the first failing rank's (in rank order), as the rank itself ended; 0 if all ended with 0."""
     from course.ranks import free_port
-    from tools.launch import torchrun_worker_env
-    port = free_port()
+    port, rendezvous = free_port(), None
+    if cmd.launcher == "horovodrun":  # the key-value store horovodrun --gloo serves its ranks, as it starts it
+        from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
+        from horovod.runner.http.http_server import RendezvousServer
+        rendezvous = RendezvousServer(verbose=0)
+        port = rendezvous.start()
+        rendezvous.init(get_host_assignments(parse_hosts(f"localhost:{cmd.nproc}"), cmd.nproc))
+    try:
+        return _run_ranks(cmd, timeout, env, cwd, port)
+    finally:
+        if rendezvous:
+            rendezvous.stop()
+
+
+def _run_ranks(cmd, timeout, env, cwd, port):
+    from tools.launch import horovodrun_worker_env, torchrun_worker_env
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     children = []
     try:
         for rank in range(cmd.nproc):
             rank_env = dict(env)
-            if cmd.nproc > 1:
+            if cmd.launcher == "horovodrun":
+                rank_env.update(horovodrun_worker_env(rank, cmd.nproc, port))
+            elif cmd.nproc > 1:
                 launcher_env = torchrun_worker_env(rank, cmd.nproc, port)
                 if "OMP_NUM_THREADS" in env:  # torchrun sets it only where the user did not
                     launcher_env.pop("OMP_NUM_THREADS", None)
@@ -172,12 +209,23 @@ def _preload():
     return openblas
 
 
+def _preload_tensorflow():
+    """What a Horovod TensorFlow lesson imports first: TensorFlow, Keras and Horovod's TensorFlow ops. An import
+    starts no thread of TensorFlow's runtime (that starts with the first operation, in the child)."""
+    import numpy  # noqa: F401
+    openblas = _threads()
+    import horovod.tensorflow
+    import horovod.tensorflow.keras  # noqa: F401
+    import tensorflow as tf  # noqa: F401
+    return openblas
+
+
 def _threads():
     return len(os.listdir("/proc/self/task"))
 
 
-def serve(socket_path):
-    threads = _preload()
+def serve(socket_path, kind="torch"):
+    threads = _preload_tensorflow() if kind == "tensorflow" else _preload()
     if _threads() > threads:
         raise SystemExit(f"warm server: {_threads() - threads} threads started by torch; a fork would copy them"
                          " half-alive")
@@ -238,9 +286,8 @@ def _child(request, fds):
                                                    write_through=unbuffered)
     sys.stderr = sys.__stderr__ = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), errors="backslashreplace",
                                                    write_through=True)
-    import torch
-    if "OMP_NUM_THREADS" in os.environ:  # read by torch when it was imported, in the server: apply it here
-        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    if "OMP_NUM_THREADS" in os.environ and "torch" in sys.modules:  # read by torch at its import: apply it here
+        sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     script = request["argv"][0]
     sys.argv = list(request["argv"])
     sys.path[0] = str(Path(script).resolve().parent)  # as `python script` starts: its folder, then PYTHONPATH
@@ -281,4 +328,4 @@ def _child(request, fds):
 
 
 if __name__ == "__main__":
-    serve(sys.argv[1])
+    serve(*sys.argv[1:])

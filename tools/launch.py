@@ -81,6 +81,17 @@ def torchrun_worker_env(rank, nproc, port):
             "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", **({"OMP_NUM_THREADS": "1"} if nproc > 1 else {})}
 
 
+def horovodrun_worker_env(rank, nproc, port):
+    """The variables `horovodrun --gloo` gives rank `rank` of `nproc` on this host (Horovod 0.28, printed from a
+    rank), its rendezvous server (an HTTP key-value store, horovod.runner.http.http_server) at LOOPBACK:`port`.
+    For tests/warm.py, which starts that server itself and the ranks without the launcher."""
+    return {"HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo", "HOROVOD_GLOO_IFACE": "lo",
+            "NCCL_SOCKET_IFNAME": "lo", "HOROVOD_GLOO_RENDEZVOUS_ADDR": LOOPBACK,
+            "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port), "HOROVOD_HOSTNAME": "localhost", "HOROVOD_RANK": str(rank),
+            "HOROVOD_SIZE": str(nproc), "HOROVOD_LOCAL_RANK": str(rank), "HOROVOD_LOCAL_SIZE": str(nproc),
+            "HOROVOD_CROSS_RANK": "0", "HOROVOD_CROSS_SIZE": "1"}
+
+
 def nodes_over_a_network(example, namespaces, nproc_per_node, args=(), *, launcher="torchrun", port=29400,
                          bin_dir=None, interface="eth0", python=None):
     """Commands that run `example` on the nodes tools/nodes.py made (network namespaces, node N's eth0 at
