@@ -361,6 +361,7 @@ def signal_rank_1(tmp_path, script, launcher, sig, *extra):
     env = dict(os.environ, PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2",
                PATH=f"{BIN}:{os.environ.get('PATH', '')}")
     out_path = tmp_path / "output.txt"
+    LAUNCHED.extend(launchers_in(cmd))
     with open(out_path, "w") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
@@ -442,6 +443,8 @@ def run_rows(script, rows, timeout=240, env=None):
 # --- nodes: simulated on one host (tests/test_devices.py), or namespaces over a link (tests/test_nodes.py) ---
 def run_together(commands, timeout):
     """Start every command at once (one per simulated node) and wait for all; a hang fails the test."""
+    for c in commands:
+        LAUNCHED.extend(launchers_in(c))
     procs = [subprocess.Popen(c, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               start_new_session=True) for c in commands]
     outs = []

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from support import BIN, DDP, DS, ROOT, kill_tree, python, run, torchrun
+from support import BIN, DDP, DS, LAUNCHED, ROOT, kill_tree, launchers_in, python, run, torchrun
 
 DIAGNOSE_DEADLINE_S = 60
 HOOKS = str(ROOT / "tests" / "hooks")
@@ -51,6 +51,7 @@ def planted(tmp_path, plant, *flags, script=DDP, env=None, until="COURSE_PLANT")
             2, script, "--epochs", "5", "--num-threads", "1", "--log-dir", tmp_path / "log", *flags
         )
     ]
+    LAUNCHED.extend(launchers_in(cmd))
     with open(out_path, "w") as out:
         proc = subprocess.Popen(
             cmd,

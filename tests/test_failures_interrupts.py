@@ -20,18 +20,21 @@ from support import (
     DS,
     HVD_TF,
     HVD_TORCH,
+    LAUNCHED,
     ROOT,
     check,
     deepspeed_launcher,
     error_lines,
     horovodrun,
     kill_tree,
+    launchers_in,
     mpiexec,
     python,
     ranks_of,
     run,
     stopped_epoch,
     torchrun,
+    warm,
 )
 
 STOP_DEADLINE_S = 20
@@ -47,6 +50,7 @@ def start(cmd, out_path, tmp=None):
     if tmp:  # the job's temporary folder (TMPDIR), to count what it leaves there
         tmp.mkdir(exist_ok=True)
         env["TMPDIR"] = str(tmp)
+    LAUNCHED.extend(launchers_in(cmd))
     with open(out_path, "w") as out:
         return subprocess.Popen(
             [str(c) for c in cmd],
@@ -162,9 +166,9 @@ def test_a_signal_stops_every_rank_in_one_line_and_the_checkpoint_resumes(
     ended = (tmp_path / "log" / "ending.txt").read_text().splitlines()
     assert sorted(int(re.search(r" rank (\d), exit ", line).group(1)) for line in ended) == [0, 1], ended
     assert all("stopped: rank" in line and sig.name in line for line in ended), ended
-    # the checkpoint is intact: the same job continues from it
+    # the checkpoint is intact: the same job continues from it (ranks started warm: the claim is the checkpoint's)
     resumed = run(
-        launcher(
+        warm(
             2,
             script,
             "--epochs",
@@ -177,6 +181,7 @@ def test_a_signal_stops_every_rank_in_one_line_and_the_checkpoint_resumes(
             "auto",
             "--log-dir",
             tmp_path / "log",
+            launcher="horovodrun" if script in (HVD_TORCH, HVD_TF) else None,
         ),
         timeout=240,
     )

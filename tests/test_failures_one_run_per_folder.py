@@ -16,6 +16,7 @@ from support import (
     DS,
     HVD_KERAS,
     HVD_TORCH,
+    LAUNCHED,
     ROOT,
     assert_each_rank_refused,
     assert_log_dir_sound,
@@ -23,6 +24,7 @@ from support import (
     deepspeed_launcher,
     horovodrun,
     kill_tree,
+    launchers_in,
     mpiexec,
     python,
     run,
@@ -39,6 +41,7 @@ def files_of(folder):
 
 def start(cmd, out_path):
     env = dict(os.environ, PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2", PATH=f"{BIN}:{os.environ['PATH']}")
+    LAUNCHED.extend(launchers_in(cmd))
     with open(out_path, "w") as out:
         return subprocess.Popen([str(c) for c in cmd], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)

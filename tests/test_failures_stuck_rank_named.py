@@ -19,6 +19,7 @@ from support import (
     BIN,
     DDP,
     HVD_TORCH,
+    LAUNCHED,
     LONG,
     ROOT,
     assert_log_dir_sound,
@@ -26,6 +27,7 @@ from support import (
     error_lines,
     horovodrun,
     kill_tree,
+    launchers_in,
     mpiexec,
     ranks_of,
     torchrun,
@@ -48,6 +50,7 @@ def stuck_job(tmp_path, launcher, plant, script=DDP):
     env = dict(os.environ, PYTHONUNBUFFERED="1", COURSE_PLANT=plant, PATH=f"{BIN}:{os.environ['PATH']}",
                PYTHONPATH=str(ROOT / "tests" / "hooks"))
     out_path = tmp_path / "output.txt"
+    LAUNCHED.extend(launchers_in(cmd))
     with open(out_path, "w") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
