@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from course.torch_utils import Net
-from support import DDP, HVD_TORCH, ROOT, check, metrics, python, run, torchrun
+from support import DDP, HVD_TORCH, ROOT, check, metrics, python, run, warm
 from tools import figures, figures_plots, figures_runs
 from utils.parse_args import clip_flag, get_parser
 
@@ -105,8 +105,8 @@ def test_from_logs_names_a_strong_sweep(tmp_path):
 def test_grad_accum_equals_a_real_larger_world(tmp_path):
     quick = ["--epochs", "1", "--max-steps", "3", "--batch-size", "8", "--dropout", "0", "--lr", "0.05",
              "--num-threads", "1", "--save-model", "--log-interval", "1000"]
-    check(run(torchrun(2, DDP, *quick, "--grad-accum", "2", "--log-dir", tmp_path / "emulated"), timeout=240))
-    check(run(torchrun(4, DDP, *quick, "--log-dir", tmp_path / "real"), timeout=240))
+    check(run(warm(2, DDP, *quick, "--grad-accum", "2", "--log-dir", tmp_path / "emulated"), timeout=240))
+    check(run(warm(4, DDP, *quick, "--log-dir", tmp_path / "real"), timeout=240))
     emulated = torch.load(tmp_path / "emulated" / "model.pt", weights_only=True)
     real = torch.load(tmp_path / "real" / "model.pt", weights_only=True)
     torch.manual_seed(42)  # the scripts' initial weights (--seed 42): the same CNN, its tensors in the same order

@@ -136,7 +136,7 @@ def test_a_copy_of_a_zero_script_runs_alone(lifted, lesson, launcher, variant, t
     if variant:
         assert len(result["losses"]) == 3 and [r["rank"] for r in result["per_rank"]] == [0, 1], result
         if launcher == "torchrun":  # the same steps as the lesson in the course, digit for digit
-            check(run(launch_command(lesson, 2, launcher, [*flags[:-1], tmp_path / "course.json"]), timeout=240))
+            check(run(warm(2, lesson, *flags[:-1], tmp_path / "course.json"), timeout=240))  # (warm: the reference)
             assert json.loads((tmp_path / "course.json").read_text())["losses"] == result["losses"]
     else:  # ... and one process of the copy goes on from the shards both ranks wrote
         check(run([str(BIN / "python"), "main.py", *flags[:-1], str(tmp_path / "resumed.json"), "--resume"],
