@@ -88,7 +88,10 @@ fi
 
 # --- 3. Horovod, built against the installed torch and TensorFlow ------------------------------------
 step 3/4 "Horovod $HOROVOD_VERSION (PyTorch + TensorFlow + Gloo + MPI)"
-TORCH_V=$("$PY" -c 'import torch; print(torch.__version__)')
+# Versions read from the installed files, not by importing the frameworks (seconds each): a no-op setup is quick.
+TORCH_V=$("$PY" -c 'import importlib.util as u, pathlib, re
+print(re.search(r"^__version__\s*=\s*.([^\x27\x22]+)", (pathlib.Path(u.find_spec("torch").origin).parent /
+                "version.py").read_text(), re.M)[1])')
 TF_V=$("$PY" -c 'import importlib.metadata as m; print(m.version("tensorflow-cpu"))' 2>/dev/null ||
        "$PY" -c 'import importlib.metadata as m; print(m.version("tensorflow"))')
 # CUDA stays on only where a real toolkit exists (nvcc *and* its headers); a stray nvcc is not enough.
@@ -99,7 +102,10 @@ HVD_KEY=$(printf '%s ' "$HOROVOD_VERSION" "$TORCH_V" "$TF_V" "$CUDA_MODE" "$("$P
 WHEEL_DIR="$CACHE/horovod/$HVD_KEY"
 echo "torch $TORCH_V, TensorFlow $TF_V, CUDA mode: $CUDA_MODE, cache key $HVD_KEY"
 
-if [[ "$(cat "$VENV/.stamp-horovod" 2>/dev/null)" == "$HVD_KEY" ]] && "$PY" -c 'import horovod.torch, horovod.tensorflow' 2>/dev/null; then
+# (the key holds torch's and TensorFlow's versions: another build of either makes another key, and a new wheel)
+HVD_LIB="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/horovod"
+if [[ "$(cat "$VENV/.stamp-horovod" 2>/dev/null)" == "$HVD_KEY" ]] && compgen -G "$HVD_LIB/torch/mpi_lib_v2*.so" >/dev/null \
+   && compgen -G "$HVD_LIB/tensorflow/mpi_lib*.so" >/dev/null; then
   echo "installed and up to date"
 else
   if ! compgen -G "$WHEEL_DIR/horovod-*.whl" >/dev/null; then
@@ -148,7 +154,7 @@ echo "TORCH_EXTENSIONS_DIR=$EXT_DIR"
 # Not needed: fused_adam ("torch_adam": true in deepspeed/ds_config.json) and deepspeed_shm_comm (an
 # inference-only all-reduce that deepspeed/main.py marks as unavailable on CPUs).
 # (deepspeed prints its accelerator warning on stdout: keep only the last line)
-DS_KEY=$("$PY" -c 'import deepspeed, torch; print(deepspeed.__version__, torch.__version__)' 2>/dev/null | tail -1 | sha)
+DS_KEY=$(echo "$("$PY" -c 'import importlib.metadata as m; print(m.version("deepspeed"))') $TORCH_V" | sha)
 if [[ "$(cat "$EXT_DIR/.stamp-cpu_adam" 2>/dev/null)" == "$DS_KEY" ]] && compgen -G "$EXT_DIR/cpu_adam/cpu_adam*.so" >/dev/null; then
   echo "cpu_adam: cached ($DS_KEY)"
 else
