@@ -4,9 +4,12 @@ Needs root (CAP_NET_ADMIN), as CI and the course's machines run; the tests say s
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -58,6 +61,50 @@ def transfer(names, to_address, connect_address):
         return int(out.strip() or 0), sender.returncode
     finally:
         listener.kill()
+
+
+# Run as a user who is not root (nobody): the nodes, their shaped link and 1 MB across it, in a user namespace.
+AS_A_USER = f"""
+import subprocess, sys, time
+sys.path.append({str(nodes.__file__.rsplit("/tools/", 1)[0])!r})
+from tools import nodes
+nodes.as_root_of_a_user_namespace(sys.argv)
+with nodes.nodes(2, "200mbit") as names:
+    print(subprocess.run(nodes.in_node(names[0], ["tc", "qdisc", "show", "dev", "eth0"]), capture_output=True,
+                         text=True).stdout.strip())
+    listener = subprocess.Popen(nodes.in_node(names[1], [sys.executable, "-c", {LISTEN!r}, "10.77.0.2"]),
+                                stdout=subprocess.PIPE, text=True)
+    for _ in range(50):
+        if "10.77.0.2:5001" in subprocess.run(nodes.in_node(names[1], ["ss", "-ltn"]), capture_output=True,
+                                              text=True).stdout:
+            break
+        time.sleep(0.1)
+    subprocess.run(nodes.in_node(names[0], [sys.executable, "-c", {SEND!r}, "10.77.0.2"]), timeout=60)
+    print("received", listener.communicate(timeout=60)[0].strip())
+"""
+
+
+@needs_root  # (to become another user)
+def test_a_user_who_is_not_root_makes_the_nodes_in_a_user_namespace_of_its_own():
+    """tools/bench_network.py on a laptop without sudo: not root, it runs again as root of a user namespace of its
+    own, where it makes the nodes, shapes their link and sends across it; nothing is left behind outside."""
+    folder = tempfile.mkdtemp(dir="/tmp")  # (a folder the user nobody can read: pytest's are root's alone)
+    try:
+        os.chmod(folder, 0o755)
+        probe = Path(folder) / "probe.py"
+        probe.write_text(AS_A_USER)
+        probe.chmod(0o644)
+        # (the system's python: the venv's links to an interpreter under /root, which nobody may not reach;
+        # tools/nodes.py needs nothing but the standard library)
+        result = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3",
+                                 probe], capture_output=True, text=True, timeout=120, cwd="/")
+    finally:
+        shutil.rmtree(folder)
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("nodes: not root: in a user namespace"), lines
+    assert "tbf" in lines[1] and "200Mbit" in lines[1] and lines[-1] == "received 1000000", lines
+    assert not [n for n in nodes.namespaces() if n.startswith(f"{nodes.PREFIX}p")], nodes.namespaces()  # (its own)
 
 
 @needs_root
@@ -170,7 +217,7 @@ def test_the_ring_fit_recovers_the_shaped_link_rate(tmp_path):
 
 
 def test_the_network_bench_takes_rates_as_tc_writes_them_and_refuses_others():
-    """tools/bench_network.py (make bench, as root): tc's units are 1000-based bits per second; a rate tc would not
+    """tools/bench_network.py (make bench): tc's units are 1000-based bits per second; a rate tc would not
     take is one line and exit 2, before any namespace is made."""
     from tools import bench_network
     assert bench_network.bytes_per_s("500mbit") == 62.5e6 and bench_network.bytes_per_s("1gbit") == 125e6

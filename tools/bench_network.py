@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""make bench (as root): what the network between two nodes does to DDP, measured against the link's known rate.
+"""make bench: what the network between two nodes does to DDP, measured against the link's known rate.
 
 Two "nodes" on this machine (tools/nodes.py: network namespaces joined by a link that tc holds to a rate), one
 rank each, gloo over the link. For an unshaped link and each --rates:
@@ -14,11 +14,13 @@ rank each, gloo over the link. For an unshaped link and each --rates:
   plus t (efficiency step(1) / (step(1) + t)); hidden entirely behind the step (DDP starts each bucket's
   all-reduce during backward), it takes the longer of the two (step(1) / max(step(1), t)).
 
-    python tools/bench_network.py                 # as root: unshaped, 1gbit, 500mbit, 200mbit (about 8 minutes)
+    python tools/bench_network.py                 # unshaped, 1gbit, 500mbit, 200mbit (about 8 minutes)
     python tools/bench_network.py --rates 100mbit 10gbit --quick
 
 Results: a table on stdout and runs/bench/network.json. A run's throughput is the median over its epochs after
-the first (warm-up). Needs root (network namespaces); nothing is sent anywhere but between the namespaces made.
+the first (warm-up). Needs network namespaces: as root, or as anyone where the kernel gives a user namespace (it
+runs itself again in one: tools/nodes.py as_root_of_a_user_namespace). Nothing is sent anywhere but between the
+namespaces made.
 """
 import argparse
 import json
@@ -102,9 +104,7 @@ def main():
             bytes_per_s(rate)
         except argparse.ArgumentTypeError as exc:
             parser.error(str(exc))
-    if os.geteuid() != 0:
-        parser.error("network namespaces need root (CAP_NET_ADMIN): run it as root with the course's python "
-                     "(sudo make bench)")
+    nodes.as_root_of_a_user_namespace(sys.argv)  # (root goes on; anyone else, again in a user namespace)
     epochs, steps = (3, 10) if args.quick else (4, 30)
     ddp_flags = ["--epochs", str(epochs), "--max-steps", str(steps), "--batch-size", "64", "--num-threads", "1"]
     started = time.strftime("%Y-%m-%d %H:%M")

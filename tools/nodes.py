@@ -8,7 +8,9 @@ namespace talk to the other nodes over that link, not over loopback.
     python tools/nodes.py run 1 -- ip -brief addr        # a command in node 1
     python tools/nodes.py down                           # those nodes gone (--all: every set this tool made)
 
-Needs root (CAP_NET_ADMIN): CI and these machines run as root; on a laptop, `sudo`. `ip netns` rather than
+Needs CAP_NET_ADMIN: root (CI and these machines), or, for a program that makes its nodes and uses them in one
+run (tools/bench_network.py), a user namespace of its own (`as_root_of_a_user_namespace`: no sudo on a Linux
+laptop whose kernel allows one). `ip netns` rather than
 `unshare`: named namespaces outlive the command that made them, so each node's launcher can be started in its
 node by name (`ip netns exec course-cli-node1 torchrun ...`), and `down` finds every one of them by its prefix.
 Each set of nodes has a tag in its names (the CLI's "cli", a test's process id), so two test runs on one machine
@@ -35,6 +37,31 @@ def sh(*cmd, check=True):
     if check and result.returncode != 0:
         raise SystemExit(f"error: nodes: {' '.join(map(str, cmd))}: {result.stderr.strip()}")
     return result.stdout
+
+
+USERNS = "COURSE_NODES_USER_NAMESPACE"  # set in the program run again inside its user namespace
+
+
+def as_root_of_a_user_namespace(argv):
+    """Root goes on. Anyone else runs `argv` (this program) again, as root of a user namespace of its own
+    (`unshare --user --map-root-user --net --mount`: root there, themselves everywhere else), with a /run of its
+    own for `ip netns`; namespaces, veth pairs and tc work there, and the namespaces go when the program ends.
+    Where the kernel allows no user namespace: one line that says sudo. Never returns unless root."""
+    if os.geteuid() == 0:
+        return
+    sudo = "run it as root with the course's python (sudo -s, then source .venv/bin/activate)"
+    if os.environ.get(USERNS):
+        raise SystemExit(f"error: nodes: not root inside the user namespace: {sudo}")
+    probe = subprocess.run(["unshare", "--user", "--map-root-user", "--net", "true"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        raise SystemExit(f"error: nodes: network namespaces need root, and this kernel gives no user namespace "
+                         f"({probe.stderr.strip() or 'unshare failed'}): {sudo}")
+    print("nodes: not root: in a user namespace of this run's own (unshare), where it may make network "
+          "namespaces", flush=True)
+    env = dict(os.environ, **{USERNS: "1"}, PATH=f"{os.environ.get('PATH', '')}:/usr/sbin:/sbin")
+    boot = 'mount -t tmpfs course-run /run && mkdir -p /run/netns && exec "$@"'  # (ip netns keeps its names there)
+    os.execvpe("unshare", ["unshare", "--user", "--map-root-user", "--net", "--mount", "--", "sh", "-c", boot,
+                           "sh", sys.executable, *argv], env)
 
 
 def address(node):
