@@ -166,12 +166,12 @@ def run_main(main):
         except interrupts.Interrupted:  # it came as this failure began: the launcher's reaction
             interrupts.ending()  # (a second one is ignored: the handler keeps the first only)
             signum = None
-        # The launcher's SIGTERM, raised while this rank's own collective timeout unwound: the
-        # timeout came first, and is the line to print (a lost connection may be the signal's doing)
+        # The launcher's SIGTERM, raised while this rank's own collective timeout unwound: the timeout
+        # came first, and is the line to print (a lost connection may be the signal's doing), with the
+        # signal's traceback (the timeout's ends inside torch, below the lesson's line)
         late = exc.__context__ if isinstance(exc, interrupts.Interrupted) else None
-        if late is not None and is_peer_failure(late) and any(t in str(late)
-                                                              for t in TIMEOUT_TEXTS):
-            exc, signum = late, None
+        if late is not None and is_peer_failure(late) and any(t in str(late) for t in TIMEOUT_TEXTS):
+            exc, signum = late.with_traceback(exc.__traceback__), None
         if signum is None and isinstance(exc, KeyboardInterrupt):
             signum = 2
         # stopped on purpose; a peer error after it is the same stop seen later
