@@ -72,14 +72,12 @@ def _stopped_line(signum):
     return f"rank {_rank()} stopped by {signal.Signals(signum).name} {_where()}: {kept}"
 
 
-def _frames(exc):
-    import traceback
-    return traceback.extract_tb(exc.__traceback__)
-
-
 def _waited_where(exc):
-    """('all_reduce', 'DDP/main.py:152'): the collective that failed, the line that called it."""
-    frames = _frames(exc)
+    """('all_reduce', 'DDP/main.py:152'): the collective that failed, the line that called it. A timeout
+    the launcher's signal cut short: the signal's frames (down to the lesson's line), then its own."""
+    import traceback
+    frames = traceback.extract_tb(getattr(exc, "course_outer_traceback", None)) + \
+        traceback.extract_tb(exc.__traceback__)
     plumbing = os.path.join(ROOT, "course") + os.sep
     ours = [i for i, f in enumerate(frames) if os.path.abspath(f.filename).startswith(ROOT + os.sep)
             and not os.path.abspath(f.filename).startswith(plumbing)  # (its wraps: not the lesson's)
@@ -87,7 +85,7 @@ def _waited_where(exc):
     if not ours:
         return None, None
     mine = frames[ours[-1]]
-    below = frames[ours[-1] + 1:]
+    below = [f for f in frames[ours[-1] + 1:] if not os.path.abspath(f.filename).startswith(plumbing)]
     dist_calls = [f.name for f in below if "distributed" in f.filename or "horovod" in f.filename]
     what = next((name for name in dist_calls if not name.startswith("_") and name != "wrapper"),
                 below[0].name if below else mine.line.split("(")[0].strip())
@@ -168,10 +166,11 @@ def run_main(main):
             signum = None
         # The launcher's SIGTERM, raised while this rank's own collective timeout unwound: the timeout
         # came first, and is the line to print (a lost connection may be the signal's doing), with the
-        # signal's traceback (the timeout's ends inside torch, below the lesson's line)
+        # signal's traceback above its own (the timeout's begins below the lesson's line)
         late = exc.__context__ if isinstance(exc, interrupts.Interrupted) else None
         if late is not None and is_peer_failure(late) and any(t in str(late) for t in TIMEOUT_TEXTS):
-            exc, signum = late.with_traceback(exc.__traceback__), None
+            late.course_outer_traceback = exc.__traceback__
+            exc, signum = late, None
         if signum is None and isinstance(exc, KeyboardInterrupt):
             signum = 2
         # stopped on purpose; a peer error after it is the same stop seen later

@@ -5,7 +5,6 @@ row refused after it joined its group (DeepSpeed's data check comes after [1]) t
 DeepSpeed caches of it, with it, as a process of its own would. What the lesson imports at its top level is
 imported once, before the forks (TensorFlow's import alone is 4 s a row otherwise); that starts no thread, which
 is checked, since a fork copies none."""
-import ast
 import contextlib
 import importlib
 import io
@@ -14,15 +13,14 @@ import os
 import runpy
 import sys
 
+from warm import top_level_imports  # (this folder: sys.path[0], until the next lines)
+
 script, rows = sys.argv[1], json.loads(sys.argv[2])
 sys.path[0] = os.path.dirname(os.path.abspath(script))
 threads = len(os.listdir("/proc/self/task"))
-for node in ast.parse(open(script).read()).body:  # the lesson's own top-level imports (not the optional one)
-    names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-        [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 else []
-    for name in names:
-        with contextlib.suppress(ImportError):
-            importlib.import_module(name)
+for name in top_level_imports(script):  # the lesson's own top-level imports (not the optional one)
+    with contextlib.suppress(ImportError):
+        importlib.import_module(name)
 assert len(os.listdir("/proc/self/task")) == threads, "the lesson's imports started threads: a fork would copy them"
 results = []
 for row in rows:

@@ -244,11 +244,17 @@ def test_the_launchers_sigterm_while_the_peer_error_is_written_leaves_that_one_l
     assert "Traceback" not in result.stderr, result.stderr
 
 
-def test_a_timeout_the_launchers_sigterm_lands_in_still_names_the_lessons_line(tmp_path):
-    """The launcher's SIGTERM can land while a rank's own collective timeout unwinds inside torch (CI, 2026-12-06,
-    tests/test_failures_stuck_rank_named.py: rank 3's line lost "in init_process_group at DDP/main.py:123"). The
-    timeout is the line to print, and where the lesson called the collective is in the signal's traceback, not
-    the timeout's. A lesson and a torch stand-in in a folder of their own, taken for the repository."""
+SIGTERM_NOW = ("        os.kill(os.getpid(), signal.SIGTERM)  # the launcher, as this rank's timeout unwinds\n"
+               "        sum(range(1000))  # (the handler runs here)\n")
+
+
+@pytest.mark.parametrize("lands", ["in-torch", "in-the-course-wrapper"])
+def test_a_timeout_the_launchers_sigterm_lands_in_still_names_the_lessons_line(tmp_path, lands):
+    """The launcher's SIGTERM can land while a rank's own collective timeout unwinds: inside torch (CI, 2026-12-06,
+    tests/test_failures_stuck_rank_named.py: rank 3's line lost "in init_process_group at DDP/main.py:123"), or in
+    the course's wrapper around init_process_group (the next CI: "in watched at DDP/main.py:123"). The timeout is
+    the line to print; where the lesson called the collective is in the signal's traceback, and which collective in
+    the timeout's. A lesson, a torch stand-in and a wrapper in a folder of their own, taken for the repository."""
     (tmp_path / "site-packages" / "distributed").mkdir(parents=True)
     (tmp_path / "site-packages" / "distributed" / "c10d.py").write_text(
         "import os, signal\n"
@@ -257,21 +263,28 @@ def test_a_timeout_the_launchers_sigterm_lands_in_still_names_the_lessons_line(t
         "def init_process_group():\n"
         "    try:\n"
         "        raise DistStoreError('wait timeout after 8000ms, keys: /default_pg/0//cpu//0/2')\n"
-        "    finally:\n"
-        "        os.kill(os.getpid(), signal.SIGTERM)  # the launcher, as this rank's timeout unwinds\n"
-        "        sum(range(1000))  # (the handler runs here)\n")
+        "    finally:\n" + (SIGTERM_NOW if lands == "in-torch" else "        pass\n"))
+    (tmp_path / "course").mkdir()  # (the plumbing's folder: course/wrap.py's `watched`)
+    (tmp_path / "course" / "wrapper.py").write_text(
+        "import os, signal\n"
+        "def watched(join):\n"
+        "    try:\n"
+        "        join()\n"
+        "    finally:\n" + (SIGTERM_NOW if lands != "in-torch" else "        pass\n"))
     (tmp_path / "lesson.py").write_text(
-        f"import sys\nsys.path[:0] = [{str(ROOT)!r}, {str(tmp_path / 'site-packages')!r}]\n"
+        f"import sys\nsys.path[:0] = [{str(ROOT)!r}, {str(tmp_path / 'site-packages')!r}, "
+        f"{str(tmp_path / 'course')!r}]\n"
         "from course import failures\n"
         f"failures.ROOT = {str(tmp_path)!r}\n"
-        "from distributed import c10d\n\n\n"
+        "from distributed import c10d\n"
+        "import wrapper\n\n\n"
         "def main():\n"
-        "    c10d.init_process_group()\n\n\n"
+        "    wrapper.watched(c10d.init_process_group)\n\n\n"
         "failures.run_main(main)\n")
     result = run([sys.executable, tmp_path / "lesson.py"], timeout=120)
     errors = error_lines(result.stderr)
     assert result.returncode == 1 and len(errors) == 1, result.stderr
-    assert errors[0].startswith("error: rank 0 waited 8 s in init_process_group at lesson.py:9 "), errors[0]
+    assert errors[0].startswith("error: rank 0 waited 8 s in init_process_group at lesson.py:10 "), errors[0]
 
 
 def test_a_temporary_folder_left_by_a_killed_rank_goes_at_the_next_start(tmp_path, monkeypatch):

@@ -23,8 +23,9 @@ from tools import launch, nodes
 NOT_ROOT = os.geteuid() != 0
 if NOT_ROOT and os.environ.get("CI", "").lower() == "true":
     raise RuntimeError("tests/test_nodes.py: CI must run as root (network namespaces need CAP_NET_ADMIN)")
-needs_root = pytest.mark.skipif(NOT_ROOT, reason="makes network namespaces, which need root (CAP_NET_ADMIN): "
-                                "only a machine without root skips; under CI, not being root fails")
+needs_root = pytest.mark.skipif(NOT_ROOT, reason="makes network namespaces, which need root (CAP_NET_ADMIN): a "
+                                "user's pytest is in no user namespace of its own (only tools/bench_network.py "
+                                "runs itself again in one), so it skips; under CI, not being root fails")
 
 SHORT = ["--epochs", "1", "--max-steps", "8", "--num-threads", "1"]
 LISTEN = """

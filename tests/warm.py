@@ -16,6 +16,7 @@ Which tests start warm, and which keep their launcher: tests/README.md.
 
     run(warm(2, "DDP/main.py", "--epochs", "1"))     # as run(torchrun(2, ...)): a CompletedProcess
 """
+import functools
 import io
 import json
 import os
@@ -72,17 +73,22 @@ def _the_server(kind):
     return server
 
 
+def top_level_imports(script):
+    """The modules a lesson imports at its top level, by absolute name (tests/rows.py imports them before it forks)."""
+    import ast
+    names = []
+    for node in ast.parse(Path(script).read_text()).body:
+        names += [a.name for a in node.names] if isinstance(node, ast.Import) else \
+            [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 else []
+    return names
+
+
+@functools.lru_cache(maxsize=None)
 def _kind(script):
     """The server a lesson's ranks fork from: TensorFlow's for a lesson that imports it at its top level (a
     process that has imported torch and its optimizer's triton must not load TensorFlow: tests/conftest.py),
-    torch's for every other."""
-    import ast
-    for node in ast.parse(Path(script).read_text()).body:
-        names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-            [node.module or ""] if isinstance(node, ast.ImportFrom) else []
-        if any(name.split(".")[0] == "tensorflow" for name in names):
-            return "tensorflow"
-    return "torch"
+    torch's for every other. Read once per lesson file, not once per rank."""
+    return "tensorflow" if any(n.split(".")[0] == "tensorflow" for n in top_level_imports(script)) else "torch"
 
 
 def _start(argv, env, cwd, stdout, stderr):
