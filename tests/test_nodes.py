@@ -113,7 +113,10 @@ def test_nodes_are_namespaces_joined_by_a_shaped_link_and_go_away():
     with nodes.nodes(2, "200mbit") as names:
         tag = names[0].rsplit("-", 1)[0]
         assert sorted(nodes.namespaces(tag.removeprefix(nodes.PREFIX))) == sorted([*names, f"{tag}-switch"])
+        before = nodes.link_bytes(names)
         assert transfer(names, "10.77.0.2", "10.77.0.2") == (1_000_000, 0)  # over eth0, node to node
+        crossed = nodes.link_bytes(names) - before  # (what tools/bench_network.py counts per step)
+        assert 1_000_000 <= crossed <= 1_100_000, crossed  # the payload, TCP/IP's headers and acknowledgements
         qdisc = subprocess.run(nodes.in_node(names[0], ["tc", "qdisc", "show", "dev", "eth0"]), capture_output=True,
                                text=True, timeout=10).stdout
         assert "tbf" in qdisc and "200Mbit" in qdisc, qdisc  # the link's rate, as tc holds it
@@ -222,7 +225,8 @@ def test_the_network_bench_takes_rates_as_tc_writes_them_and_refuses_others():
     take is one line and exit 2, before any namespace is made."""
     from tools import bench_network
     assert bench_network.bytes_per_s("500mbit") == 62.5e6 and bench_network.bytes_per_s("1gbit") == 125e6
-    bad = subprocess.run([sys.executable, "tools/bench_network.py", "--rates", "1gbit", "5parsec"], cwd=launch.ROOT,
-                         capture_output=True, text=True, timeout=60)
-    assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].endswith(
-        "5parsec: a rate as tc writes it (200mbit, 1gbit)"), bad.stderr
+    for flag in ("--rates", "--sharded-rates"):
+        bad = subprocess.run([sys.executable, "tools/bench_network.py", flag, "1gbit", "5parsec"], cwd=launch.ROOT,
+                             capture_output=True, text=True, timeout=60)
+        assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].endswith(
+            "5parsec: a rate as tc writes it (200mbit, 1gbit)"), bad.stderr

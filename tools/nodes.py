@@ -20,6 +20,7 @@ A delay (netem) is not in every kernel (not in this course's test machines): onl
 """
 import argparse
 import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -115,6 +116,16 @@ def nodes(count, rate=None):
         yield up(count, rate, tag)
     finally:
         down(tag)
+
+
+def link_bytes(names):
+    """The bytes the nodes have sent into the link so far: each node's eth0 (what crosses between nodes; a rank's
+    traffic to a rank of its own node goes over the node's loopback), TCP's headers and acknowledgements included."""
+    sent = 0
+    for name in names:
+        link = json.loads(sh("ip", "-n", name, "-s", "-j", "link", "show", "eth0"))
+        sent += link[0]["stats64"]["tx"]["bytes"]
+    return sent
 
 
 def in_node(name, cmd):
