@@ -65,7 +65,25 @@ def interface_problem(env=None):
             return (f"{var}={value} names no interface of this node ({socket.gethostname()}: "
                     f"{listed(found)}): set it to the interface on the network the nodes share, the "
                     "same on every node (`make doctor` lists them; diagnose/hangs.md)")
-    return None
+    return horovod_host_problem(env)
+
+
+def horovod_host_problem(env):
+    """horovodrun --gloo across nodes: Horovod 0.28.1's gloo gives the peers of its main process set the
+    address this host's name resolves to, whatever HOROVOD_GLOO_IFACE says (gloo_context.cc's
+    InitializeForProcessSet reads an interface it was never given); a name that resolves to loopback
+    would end every rank in gloo's abort, a C++ line about 127.0.0.1. The line for it, or None."""
+    iface = env.get("HOROVOD_GLOO_IFACE", "").strip()
+    if not iface or int(env.get("HOROVOD_CROSS_SIZE", "1") or 1) < 2:  # (not horovodrun's, or one node)
+        return None
+    host, address = host_address()
+    if address and not is_loopback(address):
+        return None
+    mine = ",".join(interfaces().get(iface, [])) or "its address"
+    return (f"Horovod's gloo across nodes gives its peers the address this host's name resolves to, "
+            f"whatever HOROVOD_GLOO_IFACE says (Horovod 0.28.1), and {host} resolves to {address} here, "
+            f"which no other node reaches: make {host} resolve to this node's address on the network the "
+            f"nodes share ({iface} {mine}; /etc/hosts), or run Horovod under mpiexec (diagnose/hangs.md)")
 
 
 def check_interfaces():

@@ -5,6 +5,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -110,7 +111,7 @@ def test_a_user_who_is_not_root_makes_the_nodes_in_a_user_namespace_of_its_own()
 
 @needs_root
 def test_nodes_are_namespaces_joined_by_a_shaped_link_and_go_away():
-    with nodes.nodes(2, "200mbit") as names:
+    with nodes.nodes(2, "200mbit", own_hosts=True) as names:
         tag = names[0].rsplit("-", 1)[0]
         assert sorted(nodes.namespaces(tag.removeprefix(nodes.PREFIX))) == sorted([*names, f"{tag}-switch"])
         before = nodes.link_bytes(names)
@@ -122,7 +123,12 @@ def test_nodes_are_namespaces_joined_by_a_shaped_link_and_go_away():
         assert "tbf" in qdisc and "200Mbit" in qdisc, qdisc  # the link's rate, as tc holds it
         # node 1's loopback is its own: node 0 cannot reach what listens there (the link is the only way)
         assert transfer(names, "127.0.0.1", "127.0.0.1")[1] != 0
+        for node, name in enumerate(names):  # the machine's name is the node's address there, as on a cluster
+            resolved = subprocess.run(nodes.in_node(name, ["getent", "hosts", socket.gethostname()]),
+                                      capture_output=True, text=True, timeout=10).stdout.split()
+            assert resolved[:1] == [nodes.address(node)], resolved
     assert nodes.namespaces(tag.removeprefix(nodes.PREFIX)) == []
+    assert not [name for name in names if os.path.exists(os.path.join(nodes.ETC, name))]  # their /etc/hosts too
 
 
 @needs_root
@@ -136,7 +142,8 @@ def test_nodes_go_away_when_the_block_fails():
 
 # (script, launcher across the nodes, launcher of the lesson's own tests' run on one node, the one compared with)
 ACROSS = [(DDP, "torchrun", "torchrun"), (DDP, "mpiexec", "torchrun"), (HVD_TORCH, "mpiexec", "horovodrun"),
-          (DS, "torchrun", "torchrun"), (TP, "torchrun", "torchrun"), (PP, "torchrun", "torchrun")]
+          (HVD_TORCH, "horovodrun", "horovodrun"), (DS, "torchrun", "torchrun"), (TP, "torchrun", "torchrun"),
+          (PP, "torchrun", "torchrun")]
 
 
 @needs_root
@@ -144,11 +151,12 @@ ACROSS = [(DDP, "torchrun", "torchrun"), (DDP, "mpiexec", "torchrun"), (HVD_TORC
 def test_every_pytorch_lesson_on_two_nodes_over_a_link_equals_one_node(shared_run, tmp_path, script, launcher,
                                                                        one_node_launcher):
     """2 nodes x 1 rank, each node a namespace, the lesson's real launcher across them (torchrun: one per node;
-    mpiexec: one, its proxies started in each node through tools/node_rsh.sh), gloo (Horovod: MPI) over the shaped
-    link: the same training as the 2-rank run on one node, digit for digit."""
+    mpiexec: one, its proxies started in each node through tools/node_rsh.sh; horovodrun: one, reaching node 1
+    through tools/node_ssh/ssh), gloo (Horovod under mpiexec: MPI) over the shaped link: the same training as the
+    2-rank run on one node, digit for digit."""
     flags = {DS: [*QUICK, "--zero-stage", "3"], TP: GPT_SPLIT, PP: GPT_SPLIT}.get(script, QUICK)
     one, _ = shared_run(script, one_node_launcher, flags)
-    with nodes.nodes(2, "1gbit") as names:
+    with nodes.nodes(2, "1gbit", own_hosts=launcher == "horovodrun") as names:  # (test_horovods_gloo_...)
         ran = run_together(launch.nodes_over_a_network(script, names, 1, [*flags, "--log-all-ranks", "--log-dir",
                                                                            tmp_path / "two"], launcher=launcher),
                            timeout=300)
@@ -180,8 +188,8 @@ def test_ddp_on_two_nodes_of_two_ranks_numbers_ranks_globally_and_equals_one_nod
 
 
 def test_nodes_over_a_network_refuses_a_launcher_that_cannot_do_it():
-    with pytest.raises(ValueError, match="torchrun or mpiexec"):
-        launch.nodes_over_a_network(DDP, ["course-x-node0", "course-x-node1"], 1, launcher="horovodrun")
+    with pytest.raises(ValueError, match="torchrun, mpiexec or horovodrun"):
+        launch.nodes_over_a_network(DDP, ["course-x-node0", "course-x-node1"], 1, launcher="srun")
 
 
 @needs_root
@@ -203,6 +211,25 @@ def test_an_interface_the_other_node_cannot_reach_is_one_line_on_every_rank(tmp_
         assert "set GLOO_SOCKET_IFNAME to the interface on the network the nodes share" in lines[0], lines
         assert f"this node: eth0 {nodes.address(node)}" in lines[0], lines
         assert not re.search(r'File "[^"]*DDP/main\.py"', err), err[-3000:]  # no traceback through the lesson
+
+
+@needs_root
+def test_horovods_gloo_across_nodes_whose_host_name_is_loopback_is_one_line_on_every_rank(tmp_path):
+    """horovodrun --gloo across the nodes, whose host name resolves to 127.0.0.1 (no node has a /etc/hosts of its
+    own): Horovod 0.28.1 gives its main process set's peers that address whatever --network-interface says, and
+    every rank would die in gloo's C++ abort ("connect [127.0.0.1]:N: Connection refused"). Each rank says so in
+    one line instead, before hvd.init, naming its interface's address; with the nodes' own /etc/hosts the same
+    launch trains (test_every_pytorch_lesson_on_two_nodes_over_a_link_equals_one_node)."""
+    with nodes.nodes(2) as names:
+        ran = run_together(launch.nodes_over_a_network(HVD_TORCH, names, 1, [*QUICK, "--log-dir", tmp_path / "run"],
+                                                       launcher="horovodrun"), timeout=240)
+    (code, out, err), = ran
+    assert code != 0, out[-2000:]
+    for rank in (0, 1):
+        lines = [line for line in (out + err).splitlines() if line.startswith(f"[{rank}]<stderr>:error: ")]
+        assert len(lines) == 1, (out + err)[-3000:]
+        assert "resolves to 127.0.0.1 here" in lines[0] and f"(eth0 {nodes.address(rank)}; /etc/hosts)" in lines[0]
+    assert "gloo::IoException" not in out + err
 
 
 @needs_root

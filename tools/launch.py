@@ -5,6 +5,7 @@ writes the other side, the command that starts an example on N ranks of this hos
 """
 import collections
 import contextlib
+import os
 import socket
 import sys
 import threading
@@ -104,7 +105,9 @@ def nodes_over_a_network(example, namespaces, nproc_per_node, args=(), *, launch
     c10d rendezvous would take for node 0's). mpiexec (MPICH's Hydra): one, in node 0, over a host list of
     the nodes' addresses; Hydra starts each node's proxy through tools/node_rsh.sh (in the node's namespace)
     where a cluster uses ssh, and `-iface eth0` makes it, and MPI, use the link; MASTER_ADDR is node 0's
-    address (a host name here resolves to loopback)."""
+    address. horovodrun (--gloo): one, in node 0, over a host list of the nodes' addresses; it reaches the other
+    nodes through tools/node_ssh/ssh, first on its PATH, where a cluster uses ssh, and `--network-interface eth0`
+    tells the ranks' gloo the link."""
     from tools import nodes
     bin_dir = Path(bin_dir or Path(sys.executable).parent)
     program, tail = str(script_path(example)), [*map(str, args)]
@@ -122,7 +125,13 @@ def nodes_over_a_network(example, namespaces, nproc_per_node, args=(), *, launch
                  "-n", str(len(namespaces) * nproc_per_node), "-genv", "MASTER_ADDR", address,
                  "-genv", "MASTER_PORT", str(port), "-genv", "GLOO_SOCKET_IFNAME", interface,
                  str(python or sys.executable), program, *tail]]
-    raise ValueError(f"nodes over a network are started by torchrun or mpiexec, not {launcher!r}")
+    if launcher == "horovodrun":
+        hosts = ",".join(f"{nodes.address(node)}:{nproc_per_node}" for node in range(len(namespaces)))
+        return [["ip", "netns", "exec", namespaces[0], "env", f"COURSE_NODES={namespaces[0].removesuffix('0')}",
+                 f"PATH={ROOT / 'tools' / 'node_ssh'}:{bin_dir}:{os.environ.get('PATH', '')}",
+                 str(bin_dir / "horovodrun"), "--gloo", "--network-interface", interface, "-np",
+                 str(len(namespaces) * nproc_per_node), "-H", hosts, str(python or sys.executable), program, *tail]]
+    raise ValueError(f"nodes over a network are started by torchrun, mpiexec or horovodrun, not {launcher!r}")
 
 
 # The ports a launch meets: tools/soak.py --port-pressure and its control.

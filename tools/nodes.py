@@ -22,6 +22,8 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
+import socket
 import subprocess
 import sys
 
@@ -75,9 +77,10 @@ def namespaces(tag=""):
     return [line.split()[0] for line in sh("ip", "netns", "list").splitlines() if line.startswith(prefix)]
 
 
-def up(count, rate=None, tag="cli", burst="256kb", latency="50ms"):
-    """Make `count` nodes joined by a switch; `rate` (e.g. "1gbit", "200mbit"): each node's sending rate.
-    Returns the nodes' namespace names, node 0 first."""
+def up(count, rate=None, tag="cli", burst="256kb", latency="50ms", own_hosts=False):
+    """Make `count` nodes joined by a switch; `rate` (e.g. "1gbit", "200mbit"): each node's sending rate;
+    own_hosts: each node's host name resolves to its address (hosts()). Returns the nodes' namespace names,
+    node 0 first."""
     down(tag)  # what an earlier set of this tag left (a killed run)
     switch = f"{PREFIX}{tag}-switch"
     sh("ip", "netns", "add", switch)
@@ -97,6 +100,8 @@ def up(count, rate=None, tag="cli", burst="256kb", latency="50ms"):
         if rate:
             sh("ip", "netns", "exec", name, "tc", "qdisc", "add", "dev", "eth0", "root", "tbf", "rate", rate,
                "burst", burst, "latency", latency)
+        if own_hosts:
+            hosts(name, node)
     return [f"{PREFIX}{tag}-node{node}" for node in range(count)]
 
 
@@ -105,15 +110,36 @@ def down(tag=""):
     them, and the programs still running in them lose their network."""
     for name in namespaces(tag):
         sh("ip", "netns", "del", name, check=False)
+        shutil.rmtree(os.path.join(ETC, name), ignore_errors=True)
+    with contextlib.suppress(OSError):
+        os.rmdir(ETC)  # (when no other node has one)
+
+
+ETC = "/etc/netns"  # `ip netns exec NAME` mounts the files in /etc/netns/NAME over /etc's
+
+
+def hosts(name, node):
+    """The node's own /etc/hosts: the machine's host name resolves to the node's address, as a cluster node's
+    name resolves to its address on the cluster's network (without it every namespace shares one host name,
+    which /etc/hosts gives to 127.0.0.1 here). What takes its address from the host name then takes the node's:
+    Horovod 0.28.1's gloo does for its main process set, whatever HOROVOD_GLOO_IFACE says (diagnose/network.md).
+    Where /etc is not writable (a user namespace's), the nodes go without."""
+    host = socket.gethostname()
+    with open("/etc/hosts") as f:
+        kept = [line for line in f.read().splitlines() if host not in line.split("#")[0].split()[1:]]
+    with contextlib.suppress(OSError):
+        os.makedirs(os.path.join(ETC, name), exist_ok=True)
+        with open(os.path.join(ETC, name, "hosts"), "w") as f:
+            f.write("\n".join([*kept, f"{address(node)} {host}"]) + "\n")
 
 
 @contextlib.contextmanager
-def nodes(count, rate=None):
+def nodes(count, rate=None, own_hosts=False):
     """with nodes(2, "1gbit") as names: ... -- a set of nodes of this process's own, removed however the block
     ends."""
     tag = f"p{os.getpid()}"
     try:
-        yield up(count, rate, tag)
+        yield up(count, rate, tag, own_hosts=own_hosts)
     finally:
         down(tag)
 
@@ -139,6 +165,8 @@ def main():
     make = sub.add_parser("up", help="make the nodes")
     make.add_argument("--nodes", type=int, default=2, choices=range(2, 9), metavar="N")
     make.add_argument("--rate", default=None, help="each node's sending rate, as tc writes it: 200mbit, 1gbit")
+    make.add_argument("--own-hosts", action="store_true", help="each node's /etc/hosts gives this machine's name "
+                      "the node's address, as a cluster's does (Horovod over gloo across nodes needs it)")
     remove = sub.add_parser("down", help="remove them")
     remove.add_argument("--all", action="store_true", help="every set of nodes this tool made (a test's too)")
     run = sub.add_parser("run", help="run a command in a node")
@@ -146,7 +174,7 @@ def main():
     run.add_argument("cmd", nargs=argparse.REMAINDER)
     args = parser.parse_args()
     if args.what == "up":
-        for node, name in enumerate(up(args.nodes, args.rate)):
+        for node, name in enumerate(up(args.nodes, args.rate, own_hosts=args.own_hosts)):
             print(f"{name}: eth0 {address(node)}/24" + (f", sending at most {args.rate}" if args.rate else ""))
     elif args.what == "down":
         down("" if args.all else "cli")
