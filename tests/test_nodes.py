@@ -142,8 +142,8 @@ def test_nodes_go_away_when_the_block_fails():
 
 # (script, launcher across the nodes, launcher of the lesson's own tests' run on one node, the one compared with)
 ACROSS = [(DDP, "torchrun", "torchrun"), (DDP, "mpiexec", "torchrun"), (HVD_TORCH, "mpiexec", "horovodrun"),
-          (HVD_TORCH, "horovodrun", "horovodrun"), (DS, "torchrun", "torchrun"), (TP, "torchrun", "torchrun"),
-          (PP, "torchrun", "torchrun")]
+          (HVD_TORCH, "horovodrun", "horovodrun"), (DS, "torchrun", "torchrun"), (DS, "deepspeed", "torchrun"),
+          (TP, "torchrun", "torchrun"), (PP, "torchrun", "torchrun")]
 
 
 @needs_root
@@ -152,8 +152,9 @@ def test_every_pytorch_lesson_on_two_nodes_over_a_link_equals_one_node(shared_ru
                                                                        one_node_launcher):
     """2 nodes x 1 rank, each node a namespace, the lesson's real launcher across them (torchrun: one per node;
     mpiexec: one, its proxies started in each node through tools/node_rsh.sh; horovodrun: one, reaching node 1
-    through tools/node_ssh/ssh), gloo (Horovod under mpiexec: MPI) over the shaped link: the same training as the
-    2-rank run on one node, digit for digit."""
+    through tools/node_ssh/ssh; the deepspeed launcher: one, its MPICH runner's proxies through node_rsh.sh), gloo
+    (Horovod under mpiexec: MPI) over the shaped link: the same training as the 2-rank run on one node, digit for
+    digit."""
     flags = {DS: [*QUICK, "--zero-stage", "3"], TP: GPT_SPLIT, PP: GPT_SPLIT}.get(script, QUICK)
     one, _ = shared_run(script, one_node_launcher, flags)
     with nodes.nodes(2, "1gbit", own_hosts=launcher == "horovodrun") as names:  # (test_horovods_gloo_...)
@@ -188,7 +189,7 @@ def test_ddp_on_two_nodes_of_two_ranks_numbers_ranks_globally_and_equals_one_nod
 
 
 def test_nodes_over_a_network_refuses_a_launcher_that_cannot_do_it():
-    with pytest.raises(ValueError, match="torchrun, mpiexec or horovodrun"):
+    with pytest.raises(ValueError, match="torchrun, mpiexec, horovodrun or deepspeed"):
         launch.nodes_over_a_network(DDP, ["course-x-node0", "course-x-node1"], 1, launcher="srun")
 
 

@@ -107,11 +107,14 @@ def nodes_over_a_network(example, namespaces, nproc_per_node, args=(), *, launch
     where a cluster uses ssh, and `-iface eth0` makes it, and MPI, use the link; MASTER_ADDR is node 0's
     address. horovodrun (--gloo): one, in node 0, over a host list of the nodes' addresses; it reaches the other
     nodes through tools/node_ssh/ssh, first on its PATH, where a cluster uses ssh, and `--network-interface eth0`
-    tells the ranks' gloo the link."""
+    tells the ranks' gloo the link. deepspeed: one, in node 0, over a hostfile of the nodes' addresses, with its
+    MPICH runner (`--launcher mpich`: Hydra's mpirun, given node_rsh.sh as above through --launcher_args); its
+    check that node 0 answers ssh goes through tools/node_ssh/ssh."""
     from tools import nodes
     bin_dir = Path(bin_dir or Path(sys.executable).parent)
     program, tail = str(script_path(example)), [*map(str, args)]
     address = nodes.address(0)
+    ssh = f"PATH={ROOT / 'tools' / 'node_ssh'}:{bin_dir}:{os.environ.get('PATH', '')}"  # (node_ssh/ssh first)
     if launcher == "torchrun":
         return [["ip", "netns", "exec", name, "env", f"GLOO_SOCKET_IFNAME={interface}", str(bin_dir / "torchrun"),
                  "--nnodes", str(len(namespaces)), "--node_rank", str(node), "--nproc_per_node", str(nproc_per_node),
@@ -128,10 +131,17 @@ def nodes_over_a_network(example, namespaces, nproc_per_node, args=(), *, launch
     if launcher == "horovodrun":
         hosts = ",".join(f"{nodes.address(node)}:{nproc_per_node}" for node in range(len(namespaces)))
         return [["ip", "netns", "exec", namespaces[0], "env", f"COURSE_NODES={namespaces[0].removesuffix('0')}",
-                 f"PATH={ROOT / 'tools' / 'node_ssh'}:{bin_dir}:{os.environ.get('PATH', '')}",
-                 str(bin_dir / "horovodrun"), "--gloo", "--network-interface", interface, "-np",
+                 ssh, str(bin_dir / "horovodrun"), "--gloo", "--network-interface", interface, "-np",
                  str(len(namespaces) * nproc_per_node), "-H", hosts, str(python or sys.executable), program, *tail]]
-    raise ValueError(f"nodes over a network are started by torchrun, mpiexec or horovodrun, not {launcher!r}")
+    if launcher == "deepspeed":  # its MPICH runner: Hydra's mpirun, told the link and how to reach node 1
+        hostfile = nodes.hostfile(namespaces, nproc_per_node)
+        return [["ip", "netns", "exec", namespaces[0], "env", f"COURSE_NODES={namespaces[0].removesuffix('0')}",
+                 f"GLOO_SOCKET_IFNAME={interface}", ssh, str(bin_dir / "deepspeed"), "--hostfile", hostfile,
+                 "--launcher", "mpich",
+                 f"--launcher_args=-iface {interface} -launcher ssh -launcher-exec {ROOT / 'tools' / 'node_rsh.sh'}",
+                 "--master_addr", address, "--master_port", str(port), program, *tail]]
+    raise ValueError(f"nodes over a network are started by torchrun, mpiexec, horovodrun or deepspeed, not "
+                     f"{launcher!r}")
 
 
 # The ports a launch meets: tools/soak.py --port-pressure and its control.

@@ -26,6 +26,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 
 PREFIX = "course-"
 SUBNET = "10.77.0"
@@ -111,6 +112,8 @@ def down(tag=""):
     for name in namespaces(tag):
         sh("ip", "netns", "del", name, check=False)
         shutil.rmtree(os.path.join(ETC, name), ignore_errors=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(tempfile.gettempdir(), f"{name}.hostfile"))
     with contextlib.suppress(OSError):
         os.rmdir(ETC)  # (when no other node has one)
 
@@ -152,6 +155,15 @@ def link_bytes(names):
         link = json.loads(sh("ip", "-n", name, "-s", "-j", "link", "show", "eth0"))
         sent += link[0]["stats64"]["tx"]["bytes"]
     return sent
+
+
+def hostfile(names, slots):
+    """A hostfile of the nodes' addresses, `slots` ranks each (DeepSpeed's launcher reads one), beside the
+    other temporary files; `down` removes it with the nodes."""
+    path = os.path.join(tempfile.gettempdir(), f"{names[0]}.hostfile")
+    with open(path, "w") as f:
+        f.write("".join(f"{address(node)} slots={slots}\n" for node in range(len(names))))
+    return path
 
 
 def in_node(name, cmd):
