@@ -27,6 +27,7 @@ from support import (
     mpiexec,
     run,
     run_rows,
+    warm,
 )
 
 sys.path.append(str(ROOT))
@@ -109,14 +110,15 @@ REFUSALS = [(DDP, flags, words) for flags, words in IMPOSSIBLE[1:]] + impossible
     (HVD_TF, ["--device", "cuda"], "TensorFlow sees no GPU"),
     (DS, ["--device", "cpu", "--backend", "xccl"], "--backend xccl"),
 ]) + [(HVD_TF, ["--device", "xpu"], "on Intel GPUs (Aurora) use DDP/main.py")]  # TensorFlow: never xpu
-# TensorFlow's refusals come after hvd.init(), from the device TensorFlow sees: each a real launch of its own.
+# TensorFlow's refusals come after hvd.init(), from the device TensorFlow sees: each a run of 2 ranks of its own
+# (warm, as horovodrun's: a claim about the refusal, not a launcher).
 BY_SCRIPT = {script: [(f, w) for s, f, w in REFUSALS if s == script] for script, _, _ in REFUSALS if script != HVD_TF}
 TF_REFUSALS = [(f, w) for s, f, w in REFUSALS if s == HVD_TF]
 
 
 @pytest.mark.parametrize("flags, words", TF_REFUSALS, ids=[" ".join(f) for f, _ in TF_REFUSALS])
 def test_tensorflow_refuses_a_missing_device_on_every_rank(tmp_path, flags, words):
-    result = run(mpiexec(2, HVD_TF, *SHORT, *flags, "--log-dir", tmp_path / "log"), timeout=180)
+    result = run(warm(2, HVD_TF, *SHORT, *flags, "--log-dir", tmp_path / "log", launcher="horovodrun"), timeout=180)
     assert result.returncode != 0
     errors = error_lines(result.stderr)
     assert len(errors) == 2 and all(words in e for e in errors), result.stderr[-3000:]
