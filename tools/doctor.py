@@ -115,7 +115,8 @@ def network_row():
     owner = next((name for name, v4 in found.items() if addr in v4), None)
     where = f"interface {owner}" if owner else "no interface of this host"
     if network.is_loopback(addr):
-        where += ": loopback, fine on one node; across nodes set GLOO_SOCKET_IFNAME"
+        where += (": loopback, fine on one node; across nodes set GLOO_SOCKET_IFNAME, and for Horovod over "
+                  "gloo give the name the node's address (/etc/hosts)")
     chosen = "".join(f"; {k}={os.environ[k]}" for k in network.VARIABLES if os.environ.get(k))
     if problem := network.interface_problem():
         raise RuntimeError(problem)
