@@ -23,7 +23,6 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -127,7 +126,7 @@ def hosts(name, node):
     which /etc/hosts gives to 127.0.0.1 here). What takes its address from the host name then takes the node's:
     Horovod 0.28.1's gloo does for its main process set, whatever HOROVOD_GLOO_IFACE says (diagnose/network.md).
     Where /etc is not writable (a user namespace's), the nodes go without."""
-    host = socket.gethostname()
+    host = os.uname().nodename  # (the host name, as socket.gethostname() gives it)
     with open("/etc/hosts") as f:
         kept = [line for line in f.read().splitlines() if host not in line.split("#")[0].split()[1:]]
     with contextlib.suppress(OSError):
