@@ -90,12 +90,12 @@ def measure(rate, ddp_flags, sizes, variants, tmp, timeout):
 
 
 def across_the_link(names, script, flags, steps, tmp, timeout, per_node):
-    """`script` on these nodes, `per_node` ranks each, twice, the runs differing only in their steps per epoch:
-    (the bytes that cross the link per step, the two runs' sent into it differenced so that start-up, evaluation
-    and checkpoints cancel; tokens/s, the longer run's last epoch)."""
+    """`script` on these nodes, `per_node` ranks each, twice (into `tmp`, the layout's own folder), the runs
+    differing only in their steps per epoch: (the bytes that cross the link per step, the two runs' sent into it
+    differenced so that start-up, evaluation and checkpoints cancel; tokens/s, the longer run's last epoch)."""
     sent = []
     for n in steps:
-        log_dir = tmp / f"{Path(script).stem}-{len(names)}x{per_node}-{len(list(tmp.iterdir()))}"
+        log_dir = tmp / f"steps{n}"
         before = nodes.link_bytes(names)
         run_on_nodes(names, script, [*flags, "--max-steps", str(n), "--log-dir", log_dir], timeout, per_node)
         sent.append(nodes.link_bytes(names) - before)
@@ -109,12 +109,13 @@ def split_and_sharded(rate, tmp, timeout):
     HSDP (--replicate 2: a shard group per node, the copies across the link); transformer/tp.py's 2 ranks inside
     one node against one on each node."""
     with nodes.nodes(2, rate) as names:
-        rows = {layout: across_the_link(names, script, [*GPT_FLAGS, *extra], SHARDED_STEPS, tmp, timeout, per_node)
-                for layout, script, extra, per_node, names in (
+        rows = {layout: across_the_link(names, script, [*GPT_FLAGS, *extra], SHARDED_STEPS, tmp / f"layout{i}",
+                                        timeout, per_node)
+                for i, (layout, script, extra, per_node, names) in enumerate((
                     ("FSDP2 4 shards", "transformer/fsdp.py", [], 2, names),
                     ("HSDP 2 x 2", "transformer/fsdp.py", ["--replicate", "2"], 2, names),
                     ("TP 2 in a node", "transformer/tp.py", [], 2, names[:1]),
-                    ("TP 2 across", "transformer/tp.py", [], 1, names))}
+                    ("TP 2 across", "transformer/tp.py", [], 1, names)))}
     return dict(rate=rate, rate_Bps=bytes_per_s(rate), layouts=rows)
 
 

@@ -115,6 +115,8 @@ def nodes_over_a_network(example, namespaces, nproc_per_node, args=(), *, launch
     program, tail = str(script_path(example)), [*map(str, args)]
     address = nodes.address(0)
     ssh = f"PATH={ROOT / 'tools' / 'node_ssh'}:{bin_dir}:{os.environ.get('PATH', '')}"  # (node_ssh/ssh first)
+    # one launcher in node 0; tools/node_rsh.sh and tools/node_ssh/ssh find the other nodes by this prefix
+    in_node0 = ["ip", "netns", "exec", namespaces[0], "env", f"COURSE_NODES={namespaces[0].removesuffix('0')}"]
     if launcher == "torchrun":
         return [["ip", "netns", "exec", name, "env", f"GLOO_SOCKET_IFNAME={interface}", str(bin_dir / "torchrun"),
                  "--nnodes", str(len(namespaces)), "--node_rank", str(node), "--nproc_per_node", str(nproc_per_node),
@@ -122,21 +124,18 @@ def nodes_over_a_network(example, namespaces, nproc_per_node, args=(), *, launch
                 for node, name in enumerate(namespaces)]
     if launcher == "mpiexec":
         hosts = ",".join(nodes.address(node) for node in range(len(namespaces)))
-        return [["ip", "netns", "exec", namespaces[0], "env", f"COURSE_NODES={namespaces[0].removesuffix('0')}",
-                 str(bin_dir / "mpiexec"), "-iface", "eth0", "-launcher", "ssh", "-launcher-exec",
+        return [[*in_node0, str(bin_dir / "mpiexec"), "-iface", "eth0", "-launcher", "ssh", "-launcher-exec",
                  str(ROOT / "tools" / "node_rsh.sh"), "-hosts", hosts, "-ppn", str(nproc_per_node),
                  "-n", str(len(namespaces) * nproc_per_node), "-genv", "MASTER_ADDR", address,
                  "-genv", "MASTER_PORT", str(port), "-genv", "GLOO_SOCKET_IFNAME", interface,
                  str(python or sys.executable), program, *tail]]
     if launcher == "horovodrun":
         hosts = ",".join(f"{nodes.address(node)}:{nproc_per_node}" for node in range(len(namespaces)))
-        return [["ip", "netns", "exec", namespaces[0], "env", f"COURSE_NODES={namespaces[0].removesuffix('0')}",
-                 ssh, str(bin_dir / "horovodrun"), "--gloo", "--network-interface", interface, "-np",
+        return [[*in_node0, ssh, str(bin_dir / "horovodrun"), "--gloo", "--network-interface", interface, "-np",
                  str(len(namespaces) * nproc_per_node), "-H", hosts, str(python or sys.executable), program, *tail]]
     if launcher == "deepspeed":  # its MPICH runner: Hydra's mpirun, told the link and how to reach node 1
         hostfile = nodes.hostfile(namespaces, nproc_per_node)
-        return [["ip", "netns", "exec", namespaces[0], "env", f"COURSE_NODES={namespaces[0].removesuffix('0')}",
-                 f"GLOO_SOCKET_IFNAME={interface}", ssh, str(bin_dir / "deepspeed"), "--hostfile", hostfile,
+        return [[*in_node0, f"GLOO_SOCKET_IFNAME={interface}", ssh, str(bin_dir / "deepspeed"), "--hostfile", hostfile,
                  "--launcher", "mpich",
                  f"--launcher_args=-iface {interface} -launcher ssh -launcher-exec {ROOT / 'tools' / 'node_rsh.sh'}",
                  "--master_addr", address, "--master_port", str(port), program, *tail]]
