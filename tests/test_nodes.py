@@ -17,7 +17,10 @@ import pytest
 from support import (
     DDP,
     DS,
+    EXAMPLES,
+    GPT_DDP,
     GPT_FSDP,
+    GPT_QUICK,
     GPT_SMALL,
     GPT_SPLIT,
     HVD_TF,
@@ -34,6 +37,8 @@ from support import (
     warm,
 )
 from tools import launch, nodes
+
+CP, EP = EXAMPLES["transformer-cp"], EXAMPLES["transformer-ep"]
 
 # Why a skip here hides no broken path: making a network namespace needs root (CAP_NET_ADMIN), which a laptop's
 # `make test` may not have. Only the tests that make namespaces carry the mark, and only a missing root skips them;
@@ -158,14 +163,18 @@ def test_nodes_go_away_when_the_block_fails():
     assert not [n for n in nodes.namespaces() if n.startswith(f"{nodes.PREFIX}p{os.getpid()}-")]
 
 
-# (script, launcher across the nodes, launcher of the lesson's own tests' run on one node, the one compared with)
+# (script, launcher across the nodes, launcher of the lesson's own tests' run on one node, the one compared with).
+# `make test` crosses the nodes once under each launcher (torchrun: DDP at 2 x 2, below); `make test-all` all rows.
 ACROSS = [(DDP, "torchrun", "torchrun"), (DDP, "mpiexec", "torchrun"), (HVD_TORCH, "mpiexec", "horovodrun"),
           (HVD_TORCH, "horovodrun", "horovodrun"), (DS, "torchrun", "torchrun"), (DS, "deepspeed", "torchrun"),
-          (TP, "torchrun", "torchrun"), (PP, "torchrun", "torchrun")]
+          (GPT_DDP, "torchrun", "torchrun"), (TP, "torchrun", "torchrun"), (CP, "torchrun", "torchrun"),
+          (EP, "torchrun", "torchrun"), (PP, "torchrun", "torchrun")]
+IN_MAKE_TEST = {(HVD_TORCH, "mpiexec"), (HVD_TORCH, "horovodrun"), (DS, "deepspeed")}
 
 
 @needs_root
-@pytest.mark.parametrize("script, launcher, one_node_launcher", ACROSS, ids=[f"{s}-{n}" for s, n, _ in ACROSS])
+@pytest.mark.parametrize("script, launcher, one_node_launcher", [
+    pytest.param(*row, id=f"{row[0]}-{row[1]}", marks=[] if row[:2] in IN_MAKE_TEST else [LONG]) for row in ACROSS])
 def test_every_pytorch_lesson_on_two_nodes_over_a_link_equals_one_node(shared_run, tmp_path, script, launcher,
                                                                        one_node_launcher):
     """2 nodes x 1 rank, each node a namespace, the lesson's real launcher across them (torchrun: one per node;
@@ -173,7 +182,8 @@ def test_every_pytorch_lesson_on_two_nodes_over_a_link_equals_one_node(shared_ru
     through tools/node_ssh/ssh; the deepspeed launcher: one, its MPICH runner's proxies through node_rsh.sh), gloo
     (Horovod under mpiexec: MPI) over the shaped link: the same training as the 2-rank run on one node, digit for
     digit."""
-    flags = {DS: [*QUICK, "--zero-stage", "3"], TP: GPT_SPLIT, PP: GPT_SPLIT}.get(script, QUICK)
+    flags = {DS: [*QUICK, "--zero-stage", "3"], GPT_DDP: GPT_QUICK, TP: GPT_SPLIT, CP: GPT_SPLIT, EP: GPT_SPLIT,
+             PP: GPT_SPLIT}.get(script, QUICK)
     one, _ = shared_run(script, one_node_launcher, flags)
     with nodes.nodes(2, "1gbit", own_hosts=launcher == "horovodrun") as names:  # (test_horovods_gloo_...)
         ran = run_together(launch.nodes_over_a_network(script, names, 1, [*flags, "--log-all-ranks", "--log-dir",
