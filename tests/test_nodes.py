@@ -154,6 +154,49 @@ def test_nodes_are_namespaces_joined_by_a_shaped_link_and_go_away():
     assert not [name for name in names if os.path.exists(os.path.join(nodes.ETC, name))]  # their /etc/hosts too
 
 
+CONNECT = """
+import socket, sys, time
+for _ in range(600):  # until node 1 listens; then one handshake, timed: a round trip
+    t = time.monotonic()
+    try:
+        socket.create_connection((sys.argv[1], 5001), timeout=30).close()
+        print(time.monotonic() - t)
+        break
+    except ConnectionRefusedError:
+        time.sleep(0.05)
+"""
+
+
+def kernel_has_netem():
+    """Asked of the kernel itself, not of tools/nodes.py: a netem qdisc on a scratch namespace's loopback."""
+    return subprocess.run(["unshare", "--net", "sh", "-c", "ip link set lo up && tc qdisc add dev lo root netem delay "
+                           "1ms"], capture_output=True, timeout=30).returncode == 0
+
+
+@needs_root
+def test_a_delay_is_added_where_the_kernel_has_netem_and_refused_in_one_line_where_not():
+    """--delay 50ms: where the kernel has netem, what each node sends waits 50 ms, so a connection's handshake (one
+    round trip) takes at least 100 ms; where it has none (this course's machines: only that branch has run), one
+    line says so, and no node is left."""
+    mine = f"p{os.getpid()}"
+    if not kernel_has_netem():
+        with pytest.raises(SystemExit) as refused, nodes.nodes(2, "1gbit", delay="50ms"):
+            pass
+        assert str(refused.value) == ("error: nodes: --delay 50ms: this kernel has no netem qdisc (the module "
+                                      "sch_netem), so no delay can be added here; only --rate shapes the link")
+        assert not nodes.namespaces(mine)
+        return
+    with nodes.nodes(2, "1gbit", delay="50ms") as names:
+        listener = subprocess.Popen(nodes.in_node(names[1], [sys.executable, "-c", LISTEN, nodes.address(1)]),
+                                    stdout=subprocess.PIPE, text=True)
+        try:
+            took = subprocess.run(nodes.in_node(names[0], [sys.executable, "-c", CONNECT, nodes.address(1)]),
+                                  capture_output=True, text=True, timeout=60)
+        finally:
+            listener.wait(timeout=60)
+    assert took.returncode == 0 and float(took.stdout) >= 0.1, (took.stdout, took.stderr)
+
+
 @needs_root
 def test_nodes_go_away_when_the_block_fails():
     with pytest.raises(RuntimeError, match="a failed run"):

@@ -16,7 +16,8 @@ node by name (`ip netns exec course-cli-node1 torchrun ...`), and `down` finds e
 Each set of nodes has a tag in its names (the CLI's "cli", a test's process id), so two test runs on one machine
 never share a node.
 Traffic stays between the namespaces made here, to their own addresses (10.77.0.0/24); no route leads out.
-A delay (netem) is not in every kernel (not in this course's test machines): only the rate is shaped.
+A delay (`--delay`: tc's netem, below the rate's tbf) needs a kernel with netem (sch_netem); where it has none (this
+course's test machines), asking for one is one line, and only the rate is shaped.
 """
 import argparse
 import contextlib
@@ -77,11 +78,23 @@ def namespaces(tag=""):
     return [line.split()[0] for line in sh("ip", "netns", "list").splitlines() if line.startswith(prefix)]
 
 
-def up(count, rate=None, tag="cli", burst="256kb", latency="50ms", own_hosts=False):
+def up(count, rate=None, tag="cli", burst="256kb", latency="50ms", own_hosts=False, delay=None):
     """Make `count` nodes joined by a switch; `rate` (e.g. "1gbit", "200mbit"): each node's sending rate;
+    `delay` (e.g. "1ms"): what each node sends waits that long first (a round trip between two nodes: twice it);
     own_hosts: each node's host name resolves to its address (hosts()). Returns the nodes' namespace names,
-    node 0 first."""
+    node 0 first. A step that fails removes what was made, and is one line."""
     down(tag)  # what an earlier set of this tag left (a killed run)
+    try:
+        return _make(count, rate, tag, burst, latency, own_hosts, delay)
+    except SystemExit:
+        down(tag)
+        raise
+
+
+NO_NETEM = "Specified qdisc kind is unknown"  # tc's words where the kernel has no such qdisc
+
+
+def _make(count, rate, tag, burst, latency, own_hosts, delay):
     switch = f"{PREFIX}{tag}-switch"
     sh("ip", "netns", "add", switch)
     sh("ip", "-n", switch, "link", "add", "br0", "type", "bridge")
@@ -97,8 +110,18 @@ def up(count, rate=None, tag="cli", burst="256kb", latency="50ms", own_hosts=Fal
         sh("ip", "-n", switch, "link", "set", f"port{node}", "up")
         sh("ip", "-n", name, "addr", "add", f"{address(node)}/24", "dev", "eth0")
         sh("ip", "-n", name, "link", "set", "eth0", "up")
+        below = ["root"]
+        if delay:  # netem first, the rate's token bucket under it (tc-netem(8)'s own example)
+            added = subprocess.run(in_node(name, ["tc", "qdisc", "add", "dev", "eth0", "root", "handle", "1:",
+                                                  "netem", "delay", delay]), capture_output=True, text=True,
+                                   timeout=30)
+            if added.returncode:
+                raise SystemExit(f"error: nodes: --delay {delay}: " + (
+                    "this kernel has no netem qdisc (the module sch_netem), so no delay can be added here; only "
+                    "--rate shapes the link" if NO_NETEM in added.stderr else added.stderr.strip()))
+            below = ["parent", "1:1", "handle", "10:"]
         if rate:
-            sh("ip", "netns", "exec", name, "tc", "qdisc", "add", "dev", "eth0", "root", "tbf", "rate", rate,
+            sh("ip", "netns", "exec", name, "tc", "qdisc", "add", "dev", "eth0", *below, "tbf", "rate", rate,
                "burst", burst, "latency", latency)
         if own_hosts:
             hosts(name, node)
@@ -136,12 +159,12 @@ def hosts(name, node):
 
 
 @contextlib.contextmanager
-def nodes(count, rate=None, own_hosts=False):
+def nodes(count, rate=None, own_hosts=False, delay=None):
     """with nodes(2, "1gbit") as names: ... -- a set of nodes of this process's own, removed however the block
     ends."""
     tag = f"p{os.getpid()}"
     try:
-        yield up(count, rate, tag, own_hosts=own_hosts)
+        yield up(count, rate, tag, own_hosts=own_hosts, delay=delay)
     finally:
         down(tag)
 
@@ -176,6 +199,8 @@ def main():
     make = sub.add_parser("up", help="make the nodes")
     make.add_argument("--nodes", type=int, default=2, choices=range(2, 9), metavar="N")
     make.add_argument("--rate", default=None, help="each node's sending rate, as tc writes it: 200mbit, 1gbit")
+    make.add_argument("--delay", default=None, help="what each node sends waits this long first, as tc writes "
+                      "it: 1ms (tc's netem: not in every kernel)")
     make.add_argument("--own-hosts", action="store_true", help="each node's /etc/hosts gives this machine's name "
                       "the node's address, as a cluster's does (Horovod over gloo across nodes needs it)")
     remove = sub.add_parser("down", help="remove them")
@@ -185,8 +210,9 @@ def main():
     run.add_argument("cmd", nargs=argparse.REMAINDER)
     args = parser.parse_args()
     if args.what == "up":
-        for node, name in enumerate(up(args.nodes, args.rate, own_hosts=args.own_hosts)):
-            print(f"{name}: eth0 {address(node)}/24" + (f", sending at most {args.rate}" if args.rate else ""))
+        for node, name in enumerate(up(args.nodes, args.rate, own_hosts=args.own_hosts, delay=args.delay)):
+            print(f"{name}: eth0 {address(node)}/24" + (f", sending at most {args.rate}" if args.rate else "")
+                  + (f", each packet {args.delay} late" if args.delay else ""))
     elif args.what == "down":
         down("" if args.all else "cli")
     else:
