@@ -68,8 +68,8 @@ with socket.create_connection((sys.argv[1], 5001), timeout=30) as s:
 
 
 def transfer(names, to_address, connect_address):
-    """Node 1 listens on `to_address`; node 0 sends 1 MB to `connect_address`. Returns (bytes node 1 got, node 0's
-    exit code)."""
+    """names[1] listens on `to_address`; names[0] sends 1 MB to `connect_address`. Returns (bytes names[1] got,
+    names[0]'s exit code)."""
     listener = subprocess.Popen(nodes.in_node(names[1], [sys.executable, "-c", LISTEN, to_address]),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -152,6 +152,19 @@ def test_nodes_are_namespaces_joined_by_a_shaped_link_and_go_away():
             assert resolved[:1] == [nodes.address(node)], resolved
     assert nodes.namespaces(tag.removeprefix(nodes.PREFIX)) == []
     assert not [name for name in names if os.path.exists(os.path.join(nodes.ETC, name))]  # their /etc/hosts too
+
+
+@needs_root
+def test_four_nodes_share_one_switch_and_each_reaches_every_other():
+    """4 nodes: each node's eth0 is a port of the one switch, so node 0 reaches node 3, node 3 node 0 and node 2
+    node 1 directly; all of them go away."""
+    with nodes.nodes(4, "1gbit") as names:
+        tag = names[0].rsplit("-", 1)[0]
+        assert sorted(nodes.namespaces(tag.removeprefix(nodes.PREFIX))) == sorted([*names, f"{tag}-switch"])
+        for sender, receiver in ((0, 3), (3, 0), (2, 1)):
+            assert transfer([names[sender], names[receiver]], nodes.address(receiver),
+                            nodes.address(receiver)) == (1_000_000, 0), (sender, receiver)
+    assert nodes.namespaces(tag.removeprefix(nodes.PREFIX)) == []
 
 
 CONNECT = """
