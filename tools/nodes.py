@@ -118,7 +118,7 @@ def _make(count, rate, tag, burst, latency, own_hosts, delay):
             if added.returncode:
                 raise SystemExit(f"error: nodes: --delay {delay}: " + (
                     "this kernel has no netem qdisc (the module sch_netem), so no delay can be added here; only "
-                    "--rate shapes the link" if NO_NETEM in added.stderr else added.stderr.strip()))
+                    "--rate shapes the link" if NO_NETEM in added.stderr else " ".join(added.stderr.split())))
             below = ["parent", "1:1", "handle", "10:"]
         if rate:
             sh("ip", "netns", "exec", name, "tc", "qdisc", "add", "dev", "eth0", *below, "tbf", "rate", rate,
