@@ -30,6 +30,7 @@ from support import (
     QUICK,
     TP,
     check,
+    mpiexec,
     run,
     run_together,
     same_training,
@@ -275,8 +276,9 @@ def test_ddp_on_two_nodes_of_two_ranks_numbers_ranks_globally_and_equals_one_nod
 # The lessons beyond DDP at 2 nodes x 2 ranks (make test-all): (script, launcher across the nodes, flags)
 TWO_BY_TWO = [(GPT_FSDP, "torchrun", [*GPT_SMALL, "--epochs", "1", "--max-steps", "4", "--batch-size", "2",
                                       "--replicate", "2", "--save-model"]),  # HSDP: a shard group in each node
-              (HVD_TORCH, "horovodrun", SHORT), (HVD_TF, "horovodrun", [*SHORT, "--dropout", "0"]),
-              (DS, "deepspeed", [*SHORT, "--zero-stage", "3"])]
+              (TP, "torchrun", [*GPT_SPLIT, "--heads", "4"]), (HVD_TORCH, "horovodrun", SHORT),
+              (HVD_TORCH, "mpiexec", SHORT),
+              (HVD_TF, "horovodrun", [*SHORT, "--dropout", "0"]), (DS, "deepspeed", [*SHORT, "--zero-stage", "3"])]
 
 
 @LONG
@@ -286,14 +288,17 @@ def test_the_other_lessons_on_two_nodes_of_two_ranks_equal_four_ranks_on_one_nod
                                                                                   monkeypatch):
     """2 nodes x 2 ranks through the lesson's real launcher across the link (Horovod TensorFlow included): global
     ranks 0-3, two on each node, and the training of 4 ranks on one node (warm: the launcher's claim is the
-    nodes' run), digit for digit. HSDP's shard groups lie inside the nodes and its copies across the link.
+    nodes' run; Horovod over MPI: under mpiexec there too, MPI's sums being its own), digit for digit. HSDP's
+    shard groups lie inside the nodes and its copies across the link; tensor parallelism splits over all 4.
     Horovod without tensor fusion: with it, which gradients share a buffer depends on the moment each is ready,
     so from 3 ranks on a ring sums each number in another order, and two 4-rank runs on one node already differ
     in the 7th digit (2026-12-06: 2.1805478, 2.1805517, 2.1805478; with HOROVOD_FUSION_THRESHOLD=0, three equal)."""
     flags = [*flags, "--log-all-ranks"]
     monkeypatch.setenv("HOROVOD_FUSION_THRESHOLD", "0")  # (read by Horovod alone: the other lessons ignore it)
-    check(run(warm(4, script, *flags, "--log-dir", tmp_path / "one", launcher="horovodrun" if launcher ==
-               "horovodrun" else None), timeout=300))
+    one = [*flags, "--log-dir", tmp_path / "one"]
+    check(run(mpiexec(4, script, *one) if launcher == "mpiexec" else warm(4, script, *one, launcher="horovodrun" if
+                                                                             launcher == "horovodrun" else None),
+              timeout=300))
     with nodes.nodes(2, "1gbit", own_hosts=launcher == "horovodrun") as names:
         ran = run_together(launch.nodes_over_a_network(script, names, 2, [*flags, "--log-dir", tmp_path / "two"],
                                                        launcher=launcher), timeout=400)
