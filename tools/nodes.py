@@ -32,14 +32,19 @@ PREFIX = "course-"
 SUBNET = "10.77.0"
 
 
-def sh(*cmd, check=True):
-    """Run one `ip`/`tc` command; its error is one line."""
+NO_SUCH_QDISC = "Specified qdisc kind is unknown"  # tc's words where the kernel lacks the qdisc asked for
+
+
+def sh(*cmd, check=True, no_such_qdisc=None):
+    """Run one `ip`/`tc` command; its error is one line (`no_such_qdisc`: the line where the kernel lacks it)."""
     try:
         result = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=30)
     except FileNotFoundError:
         raise SystemExit(f"error: nodes: `{cmd[0]}` not found: install iproute2 (apt install iproute2)") from None
     if check and result.returncode != 0:
-        raise SystemExit(f"error: nodes: {' '.join(map(str, cmd))}: {result.stderr.strip()}")
+        said = " ".join(result.stderr.split())
+        raise SystemExit(no_such_qdisc if no_such_qdisc and NO_SUCH_QDISC in said else
+                         f"error: nodes: {' '.join(map(str, cmd))}: {said}")
     return result.stdout
 
 
@@ -91,9 +96,6 @@ def up(count, rate=None, tag="cli", burst="256kb", latency="50ms", own_hosts=Fal
         raise
 
 
-NO_NETEM = "Specified qdisc kind is unknown"  # tc's words where the kernel has no such qdisc
-
-
 def _make(count, rate, tag, burst, latency, own_hosts, delay):
     switch = f"{PREFIX}{tag}-switch"
     sh("ip", "netns", "add", switch)
@@ -112,17 +114,13 @@ def _make(count, rate, tag, burst, latency, own_hosts, delay):
         sh("ip", "-n", name, "link", "set", "eth0", "up")
         below = ["root"]
         if delay:  # netem first, the rate's token bucket under it (tc-netem(8)'s own example)
-            added = subprocess.run(in_node(name, ["tc", "qdisc", "add", "dev", "eth0", "root", "handle", "1:",
-                                                  "netem", "delay", delay]), capture_output=True, text=True,
-                                   timeout=30)
-            if added.returncode:
-                raise SystemExit(f"error: nodes: --delay {delay}: " + (
-                    "this kernel has no netem qdisc (the module sch_netem), so no delay can be added here; only "
-                    "--rate shapes the link" if NO_NETEM in added.stderr else " ".join(added.stderr.split())))
+            sh(*in_node(name, ["tc", "qdisc", "add", "dev", "eth0", "root", "handle", "1:", "netem", "delay", delay]),
+               no_such_qdisc=f"error: nodes: --delay {delay}: this kernel has no netem qdisc (the module sch_netem), "
+               "so no delay can be added here; only --rate shapes the link")
             below = ["parent", "1:1", "handle", "10:"]
         if rate:
-            sh("ip", "netns", "exec", name, "tc", "qdisc", "add", "dev", "eth0", *below, "tbf", "rate", rate,
-               "burst", burst, "latency", latency)
+            sh(*in_node(name, ["tc", "qdisc", "add", "dev", "eth0", *below, "tbf", "rate", rate, "burst", burst,
+                               "latency", latency]))
         if own_hosts:
             hosts(name, node)
     return [f"{PREFIX}{tag}-node{node}" for node in range(count)]
