@@ -225,22 +225,22 @@ def test_nodes_go_away_when_the_block_fails():
 ACROSS = [(DDP, "torchrun", "torchrun"), (DDP, "mpiexec", "torchrun"), (HVD_TORCH, "mpiexec", "horovodrun"),
           (HVD_TORCH, "horovodrun", "horovodrun"), (DS, "torchrun", "torchrun"), (DS, "deepspeed", "torchrun"),
           (GPT_DDP, "torchrun", "torchrun"), (TP, "torchrun", "torchrun"), (CP, "torchrun", "torchrun"),
-          (EP, "torchrun", "torchrun"), (PP, "torchrun", "torchrun")]
+          (EP, "torchrun", "torchrun"), (PP, "torchrun", "torchrun"), (HVD_TF, "horovodrun", "horovodrun")]
 IN_MAKE_TEST = {(HVD_TORCH, "mpiexec"), (HVD_TORCH, "horovodrun"), (DS, "deepspeed")}
 
 
 @needs_root
 @pytest.mark.parametrize("script, launcher, one_node_launcher", [
     pytest.param(*row, id=f"{row[0]}-{row[1]}", marks=[] if row[:2] in IN_MAKE_TEST else [LONG]) for row in ACROSS])
-def test_every_pytorch_lesson_on_two_nodes_over_a_link_equals_one_node(shared_run, tmp_path, script, launcher,
-                                                                       one_node_launcher):
+def test_every_lesson_on_two_nodes_over_a_link_equals_one_node(shared_run, tmp_path, script, launcher,
+                                                                one_node_launcher):
     """2 nodes x 1 rank, each node a namespace, the lesson's real launcher across them (torchrun: one per node;
     mpiexec: one, its proxies started in each node through tools/node_rsh.sh; horovodrun: one, reaching node 1
     through tools/node_ssh/ssh; the deepspeed launcher: one, its MPICH runner's proxies through node_rsh.sh), gloo
     (Horovod under mpiexec: MPI) over the shaped link: the same training as the 2-rank run on one node, digit for
     digit."""
     flags = {DS: [*QUICK, "--zero-stage", "3"], GPT_DDP: GPT_QUICK, TP: GPT_SPLIT, CP: GPT_SPLIT, EP: GPT_SPLIT,
-             PP: GPT_SPLIT}.get(script, QUICK)
+             PP: GPT_SPLIT, HVD_TF: [*QUICK, "--dropout", "0"]}.get(script, QUICK)
     one, _ = shared_run(script, one_node_launcher, flags)
     with nodes.nodes(2, "1gbit", own_hosts=launcher == "horovodrun") as names:  # (test_horovods_gloo_...)
         ran = run_together(launch.nodes_over_a_network(script, names, 1, [*flags, "--log-all-ranks", "--log-dir",
@@ -276,7 +276,10 @@ def test_ddp_on_two_nodes_of_two_ranks_numbers_ranks_globally_and_equals_one_nod
 # The lessons beyond DDP at 2 nodes x 2 ranks (make test-all): (script, launcher across the nodes, flags)
 TWO_BY_TWO = [(GPT_FSDP, "torchrun", [*GPT_SMALL, "--epochs", "1", "--max-steps", "4", "--batch-size", "2",
                                       "--replicate", "2", "--save-model"]),  # HSDP: a shard group in each node
-              (TP, "torchrun", [*GPT_SPLIT, "--heads", "4"]), (HVD_TORCH, "horovodrun", SHORT),
+              (TP, "torchrun", [*GPT_SPLIT, "--heads", "4"]), (GPT_DDP, "torchrun", GPT_QUICK),
+              (CP, "torchrun", GPT_SPLIT), (EP, "torchrun", GPT_SPLIT),  # (4 experts, one a rank)
+              (PP, "torchrun", [*GPT_SPLIT, "--layers", "4"]),  # (a stage a rank)
+              (HVD_TORCH, "horovodrun", SHORT),
               (HVD_TORCH, "mpiexec", SHORT),
               (HVD_TF, "horovodrun", [*SHORT, "--dropout", "0"]), (DS, "deepspeed", [*SHORT, "--zero-stage", "3"])]
 
@@ -343,7 +346,7 @@ def test_horovods_gloo_across_nodes_whose_host_name_is_loopback_is_one_line_on_e
     own): Horovod 0.28.1 gives its main process set's peers that address whatever --network-interface says, and
     every rank would die in gloo's C++ abort ("connect [127.0.0.1]:N: Connection refused"). Each rank says so in
     one line instead, before hvd.init, naming its interface's address; with the nodes' own /etc/hosts the same
-    launch trains (test_every_pytorch_lesson_on_two_nodes_over_a_link_equals_one_node)."""
+    launch trains (test_every_lesson_on_two_nodes_over_a_link_equals_one_node)."""
     with nodes.nodes(2) as names:
         ran = run_together(launch.nodes_over_a_network(HVD_TORCH, names, 1, [*QUICK, "--log-dir", tmp_path / "run"],
                                                        launcher="horovodrun"), timeout=240)
@@ -356,17 +359,55 @@ def test_horovods_gloo_across_nodes_whose_host_name_is_loopback_is_one_line_on_e
     assert "gloo::IoException" not in out + err
 
 
+ENV_AND_ADDRESS = """import json, os, socket, sys
+rank = os.environ["RANK"]
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.connect((os.environ["MASTER_ADDR"], 9))  # (no packet: the route alone picks this node's own address)
+with open(os.path.join(sys.argv[1], "env." + rank), "w") as f:
+    json.dump({"env": dict(os.environ), "address": s.getsockname()[0]}, f)
+"""
+
+
+@needs_root
+def test_warm_ranks_on_the_nodes_are_in_their_node_with_the_variables_torchrun_gives_there(tmp_path):
+    """tests/warm.py across the nodes (`warm(4, script, nodes=names)`, which the ring fit's test below uses): each
+    rank in its node's namespace (its socket's address is its node's eth0), with the variables `torchrun --nnodes 2
+    --nproc_per_node 2` gives its workers there, less the agent's store and error file and the port's number."""
+    script = tmp_path / "env.py"
+    script.write_text(ENV_AND_ADDRESS)
+    dump = [sys.executable, "-c", "import json, os; print(json.dumps(dict(os.environ)))"]
+    # what a plain child of this process has (run_together's: the C library's environment, which a library may
+    # have added to behind os.environ's back), and of support.run (its own few variables)
+    plain, of_run = json.loads(subprocess.check_output(dump, text=True)), json.loads(run(dump).stdout)
+
+    def seen(folder, own):
+        ranks = [json.loads(path.read_text()) for path in sorted(folder.glob("env.*"))]
+        assert len(ranks) == 4, ranks
+        return [({k: v for k, v in r["env"].items() if own.get(k) != v and k not in ("MASTER_PORT", "_")},
+                 r["address"]) for r in ranks]
+
+    (tmp_path / "launched").mkdir()
+    (tmp_path / "warm").mkdir()
+    with nodes.nodes(2) as names:
+        ran = run_together(launch.nodes_over_a_network(script, names, 2, [tmp_path / "launched"]), timeout=120)
+        assert [code for code, _, _ in ran] == [0, 0], [err[-2000:] for _, _, err in ran]
+        check(run(warm(4, script, tmp_path / "warm", nodes=names), timeout=120))
+    launched = seen(tmp_path / "launched", plain)
+    for env, _ in launched:
+        assert env.pop("TORCHELASTIC_USE_AGENT_STORE") == "True" and env.pop("TORCHELASTIC_ERROR_FILE")
+    assert [address for _, address in launched] == [nodes.address(n) for n in (0, 0, 1, 1)]
+    assert seen(tmp_path / "warm", of_run) == launched
+
+
 @needs_root
 def test_the_ring_fit_recovers_the_shaped_link_rate(tmp_path):
     """diagnose/collectives.py across two nodes whose links tc holds to 500 Mbit/s: the ring fit's beta is the link's
     rate within 20% (62.5 MB/s; a 2-rank ring all-reduce sends each rank's whole buffer once over its link). Sizes
     from 1 MB, well above the token bucket's 256 KB burst, which lets a small message through unshaped; the fit's
     alpha is the stack's own cost, which tools/bench.py --network measures on an unshaped link."""
-    with nodes.nodes(2, "500mbit") as names:
-        ran = run_together(launch.nodes_over_a_network("diagnose/collectives.py", names, 1, [
-            "--ops", "all_reduce", "--min-size", "1M", "--max-size", "4M", "--repeats", "3", "--out", tmp_path]),
-            timeout=300)
-    assert [code for code, _, _ in ran] == [0, 0], [err[-2000:] for _, _, err in ran]
+    with nodes.nodes(2, "500mbit") as names:  # (warm ranks, one in each node: the claim is the link's)
+        check(run(warm(2, "diagnose/collectives.py", "--ops", "all_reduce", "--min-size", "1M", "--max-size", "4M",
+                       "--repeats", "3", "--out", tmp_path, nodes=names), timeout=300))
     beta = json.loads((tmp_path / "collectives.json").read_text())["fit"]["beta_Bps"]
     assert 0.8 * 62.5e6 <= beta <= 1.2 * 62.5e6, f"beta {beta / 1e6:.1f} MB/s against the link's 62.5 MB/s"
 

@@ -36,19 +36,24 @@ ROOT = Path(__file__).resolve().parents[1]
 class WarmCommand(list):
     """What warm() returns: the command as a list to print, with what the server needs."""
 
-    def __init__(self, nproc, script, args, launcher):
+    def __init__(self, nproc, script, args, launcher, nodes=(), interface="eth0"):
         self.nproc, self.script, self.args = nproc, str(ROOT / script), [str(a) for a in args]
-        self.launcher = launcher
-        super().__init__(["warm", "-n", str(nproc), *(["--as", launcher] if launcher else []), self.script,
-                          *self.args])
+        self.launcher, self.nodes, self.interface = launcher, list(nodes), interface
+        super().__init__(["warm", "-n", str(nproc), *(["--as", launcher] if launcher else []),
+                          *(["--nodes", ",".join(self.nodes)] if nodes else []), self.script, *self.args])
 
 
-def warm(nproc, script, *args, launcher=None):
+def warm(nproc, script, *args, launcher=None, nodes=(), interface="eth0"):
     """`script` on `nproc` ranks forked warm: 1 is `python script`, more are torchrun's workers on one node;
-    launcher="horovodrun": `horovodrun --gloo`'s ranks (any number), their rendezvous server in this process."""
+    launcher="horovodrun": `horovodrun --gloo`'s ranks (any number), their rendezvous server in this process.
+    nodes: the network namespaces tools/nodes.py made, nproc / len(nodes) ranks in each, as `torchrun --nnodes`
+    starts them there with GLOO_SOCKET_IFNAME=`interface` (tools/launch.py nodes_over_a_network)."""
     if launcher not in (None, "horovodrun"):
         raise ValueError(f"warm ranks start as torchrun's (the default) or horovodrun's, not {launcher!r}")
-    return WarmCommand(nproc, script, args, launcher)
+    if nodes and (launcher or nproc % len(nodes)):
+        raise ValueError(f"warm ranks across nodes are torchrun's, the same number on each node: not {nproc} "
+                         f"ranks on {len(nodes)} nodes{' as ' + launcher + chr(39) + 's' if launcher else ''}")
+    return WarmCommand(nproc, script, args, launcher, nodes, interface)
 
 
 # ---- the client: in the test's process ------------------------------------------------------------------------
@@ -91,11 +96,11 @@ def _kind(script):
     return "tensorflow" if any(n.split(".")[0] == "tensorflow" for n in top_level_imports(script)) else "torch"
 
 
-def _start(argv, env, cwd, stdout, stderr):
+def _start(argv, env, cwd, stdout, stderr, netns=None):
     """One child: (pid, a socket that will carry its exit status)."""
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     conn.connect(_the_server(_kind(argv[0])).socket_path)
-    request = json.dumps({"argv": argv, "env": env, "cwd": str(cwd)}).encode()
+    request = json.dumps({"argv": argv, "env": env, "cwd": str(cwd), "netns": netns}).encode()
     with open(os.devnull) as stdin:
         socket.send_fds(conn, [request], [stdin.fileno(), stdout, stderr])
     return _number(conn, "pid", "before the child started"), conn
@@ -150,12 +155,15 @@ def _run_ranks(cmd, timeout, env, cwd, port):
             rank_env = dict(env)
             if cmd.launcher == "horovodrun":
                 rank_env.update(horovodrun_worker_env(rank, cmd.nproc, port))
-            elif cmd.nproc > 1:
-                launcher_env = torchrun_worker_env(rank, cmd.nproc, port)
+            elif cmd.nproc > 1 or cmd.nodes:
+                launcher_env = torchrun_worker_env(rank, cmd.nproc, port, *_across(cmd.nodes))
                 if "OMP_NUM_THREADS" in env:  # torchrun sets it only where the user did not
                     launcher_env.pop("OMP_NUM_THREADS", None)
                 rank_env.update(launcher_env)
-            children.append(_start([cmd.script, *cmd.args], rank_env, cwd, out_w, err_w))
+            if cmd.nodes:  # (set for each node's torchrun, as a job script sets it: its workers inherit it)
+                rank_env["GLOO_SOCKET_IFNAME"] = cmd.interface
+            node = cmd.nodes[rank * len(cmd.nodes) // cmd.nproc] if cmd.nodes else None
+            children.append(_start([cmd.script, *cmd.args], rank_env, cwd, out_w, err_w, node))
     finally:
         os.close(out_w)
         os.close(err_w)
@@ -181,6 +189,14 @@ def _run_ranks(cmd, timeout, env, cwd, port):
         reader.join(timeout=30)
     failing = [codes[pid] for pid, _ in children if codes.get(pid)]
     return (failing[0] if failing else 0), "".join(out), "".join(err), timed_out
+
+
+def _across(names):
+    """torchrun_worker_env's nodes and node 0's address, for ranks on the nodes `names` (or on this host)."""
+    if not names:
+        return ()
+    from tools import nodes
+    return len(names), nodes.address(0)
 
 
 def _drain(fd, into):
@@ -272,6 +288,26 @@ def serve(socket_path, kind="torch"):
                 conn.close()
 
 
+def _enter_node(name):
+    """Move this process into the network namespace `name` (tools/nodes.py's node, at /run/netns/NAME), as `ip
+    netns exec NAME` does before it runs a command: from here on its sockets are that node's (its eth0, its
+    loopback). Python 3.12 has os.setns; 3.11 calls the C library's."""
+    CLONE_NEWNET = 0x40000000
+    try:
+        fd = os.open(f"/run/netns/{name}", os.O_RDONLY)
+        if hasattr(os, "setns"):
+            os.setns(fd, CLONE_NEWNET)
+        else:
+            import ctypes
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.setns(fd, CLONE_NEWNET) != 0:
+                raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+        os.close(fd)
+    except OSError as e:
+        os.write(2, f"warm: cannot enter node {name}: {e}\n".encode())
+        os._exit(1)
+
+
 def _child(request, fds):
     """Become `python SCRIPT ARGS...` with the request's environment and working directory, then end as Python
     ends: the exit handlers run, the output is flushed, the exit code is the script's."""
@@ -282,6 +318,8 @@ def _child(request, fds):
     for target, fd in zip((0, 1, 2), fds):
         os.dup2(fd, target)
         os.close(fd)
+    if request.get("netns"):
+        _enter_node(request["netns"])
     os.environ.clear()
     os.environ.update(request["env"])
     os.chdir(request["cwd"])

@@ -69,17 +69,20 @@ def launch_command(example, nproc=1, launcher="torchrun", args=(), *, port=None,
             *program, *tail]
 
 
-def torchrun_worker_env(rank, nproc, port):
-    """The variables torchrun gives worker `rank` of `nproc` on one node (torch 2.14, printed from a worker),
-    less its agent's own: TORCHELASTIC_USE_AGENT_STORE (the agent hosts the store; without an agent, rank 0
-    does, as under mpiexec) and TORCHELASTIC_ERROR_FILE (its per-attempt folder). For tests/warm.py, which
-    starts a lesson's ranks without the launcher, as torchrun would have started them."""
-    return {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nproc), "LOCAL_WORLD_SIZE": str(nproc),
-            "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1", "ROLE_RANK": str(rank), "ROLE_NAME": "default",
-            "ROLE_WORLD_SIZE": str(nproc), "MASTER_ADDR": LOOPBACK, "MASTER_PORT": str(port),
-            "TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_RUN_ID": "none",
+def torchrun_worker_env(rank, nproc, port, nodes=1, master_addr=LOOPBACK):
+    """The variables torchrun gives worker `rank` of `nproc` (on `nodes` nodes of nproc / nodes ranks each, node 0
+    at `master_addr`: `torchrun --nnodes --node_rank --master_addr`; torch 2.14, printed from a worker), less its
+    agent's own: TORCHELASTIC_USE_AGENT_STORE (the agent hosts the store; without an agent, rank 0 does, as under
+    mpiexec) and TORCHELASTIC_ERROR_FILE (its per-attempt folder). For tests/warm.py, which starts a lesson's
+    ranks without the launcher, as torchrun would have started them."""
+    per_node = nproc // nodes
+    return {"RANK": str(rank), "LOCAL_RANK": str(rank % per_node), "WORLD_SIZE": str(nproc),
+            "LOCAL_WORLD_SIZE": str(per_node), "GROUP_RANK": str(rank // per_node), "GROUP_WORLD_SIZE": str(nodes),
+            "ROLE_RANK": str(rank), "ROLE_NAME": "default", "ROLE_WORLD_SIZE": str(nproc),
+            "MASTER_ADDR": master_addr, "MASTER_PORT": str(port), "TORCHELASTIC_MAX_RESTARTS": "0",
+            "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_RUN_ID": "none",
             "TORCHELASTIC_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
-            "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", **({"OMP_NUM_THREADS": "1"} if nproc > 1 else {})}
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", **({"OMP_NUM_THREADS": "1"} if per_node > 1 else {})}
 
 
 def horovodrun_worker_env(rank, nproc, port):
