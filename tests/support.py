@@ -243,17 +243,40 @@ print(json.dumps(found))
 """
 
 
-def event_scalars(log_dir):
-    """(event files, {tag: {step: value}}) from the TensorBoard event files in log_dir, read with
-    TensorBoard's own reader in a child process: that reader imports TensorFlow, and TensorFlow and
-    triton (which torch loads lazily) crash a process that holds both (see conftest.py)."""
+def event_scalars(log_dir, tensorflow=False):
+    """(event files, {tag: {step: value}}) from the TensorBoard event files in log_dir, read with TensorBoard's own
+    reader (EventAccumulator). By default in this process, as TensorBoard reads them where TensorFlow is not
+    installed: its own stub of TensorFlow's record reader (checksums and all), which it takes whenever a module
+    `tensorboard.compat.notf` exists (its no_tensorflow build). tensorflow=True: in a child process, where that
+    reader imports TensorFlow, as a TensorBoard beside TensorFlow reads them (4.9 s of TensorFlow's start-up; and
+    TensorFlow and triton, which torch loads lazily, crash a process that holds both: conftest.py).
+    test_tensorboard_events.py holds the two readers to the same numbers."""
     files = sorted(Path(log_dir).glob("events.out.tfevents.*"))
     if not files:
         return files, {}
-    result = run([sys.executable, "-c", READ_EVENTS, *files], timeout=180)
-    assert result.returncode == 0, result.stderr[-3000:]
-    found = json.loads(result.stdout.strip().splitlines()[-1])
+    if tensorflow:
+        result = run([sys.executable, "-c", READ_EVENTS, *files], timeout=180)
+        assert result.returncode == 0, result.stderr[-3000:]
+        found = json.loads(result.stdout.strip().splitlines()[-1])
+    else:
+        found = {tag: {str(step): value for step, value in steps.items()}
+                 for tag, steps in _read_events_without_tensorflow(files).items()}
     return files, {tag: {int(step): value for step, value in steps.items()} for tag, steps in found.items()}
+
+
+def _read_events_without_tensorflow(files):
+    import types
+    if "tensorboard.compat.notf" not in sys.modules:  # (before TensorBoard's compat layer first picks its tf)
+        sys.modules["tensorboard.compat.notf"] = types.ModuleType("tensorboard.compat.notf")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    found = {}
+    for path in files:
+        acc = EventAccumulator(str(path), size_guidance={"scalars": 0})
+        acc.Reload()
+        for tag in acc.Tags()["scalars"]:
+            found.setdefault(tag, {}).update({e.step: e.value for e in acc.Scalars(tag)})
+    assert "tensorflow" not in sys.modules, "TensorBoard's reader imported TensorFlow into the test process"
+    return found
 
 
 def assert_event_epochs(log_dir):

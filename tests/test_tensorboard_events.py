@@ -1,6 +1,6 @@
 """TensorBoard by default: every training lesson's run leaves event files in its --log-dir holding
 each epoch's scalars and the logged steps' losses, read back here with the tensorboard package's own
-reader; and COURSE_TENSORBOARD=0 leaves none."""
+reader (beside TensorFlow, and without it: support.event_scalars); and COURSE_TENSORBOARD=0 leaves none."""
 
 import os
 import signal
@@ -29,8 +29,9 @@ LESSONS = [(DDP, "torchrun", QUICK), (HVD_TF, "horovodrun", [*QUICK, "--dropout"
 @pytest.mark.parametrize("script,launcher,flags", LESSONS, ids=["ddp", "horovod-tensorflow", "transformer-pp"])
 def test_every_epoch_is_in_the_event_files(shared_run, script, launcher, flags):
     log_dir, _ = shared_run(script, launcher, flags)
-    files, found = event_scalars(log_dir)
+    files, found = event_scalars(log_dir, tensorflow=True)  # TensorBoard's reader as it runs beside TensorFlow
     assert files, f"{script}: no event file in {log_dir}"
+    assert event_scalars(log_dir) == (files, found)  # and without it (support.event_scalars: the other tests')
     assert EPOCH_TAGS <= set(found), sorted(found)
     for m in metrics(log_dir):  # the same numbers as metrics.jsonl, epoch by epoch
         for key in ("train_loss", "test_acc", "lr", "samples_per_s"):
