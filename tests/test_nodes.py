@@ -224,8 +224,9 @@ def test_nodes_go_away_when_the_block_fails():
 # `make test` crosses the nodes once under each launcher (torchrun: DDP at 2 x 2, below); `make test-all` all rows.
 ACROSS = [(DDP, "torchrun", "torchrun"), (DDP, "mpiexec", "torchrun"), (HVD_TORCH, "mpiexec", "horovodrun"),
           (HVD_TORCH, "horovodrun", "horovodrun"), (DS, "torchrun", "torchrun"), (DS, "deepspeed", "torchrun"),
-          (GPT_DDP, "torchrun", "torchrun"), (TP, "torchrun", "torchrun"), (CP, "torchrun", "torchrun"),
-          (EP, "torchrun", "torchrun"), (PP, "torchrun", "torchrun"), (HVD_TF, "horovodrun", "horovodrun")]
+          (GPT_DDP, "torchrun", "torchrun"), (GPT_FSDP, "torchrun", "torchrun"), (TP, "torchrun", "torchrun"),
+          (CP, "torchrun", "torchrun"), (EP, "torchrun", "torchrun"), (PP, "torchrun", "torchrun"),
+          (HVD_TF, "horovodrun", "horovodrun")]
 IN_MAKE_TEST = {(HVD_TORCH, "mpiexec"), (HVD_TORCH, "horovodrun"), (DS, "deepspeed")}
 
 
@@ -239,8 +240,8 @@ def test_every_lesson_on_two_nodes_over_a_link_equals_one_node(shared_run, tmp_p
     through tools/node_ssh/ssh; the deepspeed launcher: one, its MPICH runner's proxies through node_rsh.sh), gloo
     (Horovod under mpiexec: MPI) over the shaped link: the same training as the 2-rank run on one node, digit for
     digit."""
-    flags = {DS: [*QUICK, "--zero-stage", "3"], GPT_DDP: GPT_QUICK, TP: GPT_SPLIT, CP: GPT_SPLIT, EP: GPT_SPLIT,
-             PP: GPT_SPLIT, HVD_TF: [*QUICK, "--dropout", "0"]}.get(script, QUICK)
+    flags = {DS: [*QUICK, "--zero-stage", "3"], GPT_DDP: GPT_QUICK, GPT_FSDP: GPT_QUICK, TP: GPT_SPLIT,
+             CP: GPT_SPLIT, EP: GPT_SPLIT, PP: GPT_SPLIT, HVD_TF: [*QUICK, "--dropout", "0"]}.get(script, QUICK)
     one, _ = shared_run(script, one_node_launcher, flags)
     with nodes.nodes(2, "1gbit", own_hosts=launcher == "horovodrun") as names:  # (test_horovods_gloo_...)
         ran = run_together(launch.nodes_over_a_network(script, names, 1, [*flags, "--log-all-ranks", "--log-dir",
@@ -338,6 +339,20 @@ def test_an_interface_the_other_node_cannot_reach_is_one_line_on_every_rank(tmp_
         assert "set GLOO_SOCKET_IFNAME to the interface on the network the nodes share" in lines[0], lines
         assert f"this node: eth0 {nodes.address(node)}" in lines[0], lines
         assert not re.search(r'File "[^"]*DDP/main\.py"', err), err[-3000:]  # no traceback through the lesson
+
+
+@needs_root
+def test_mpiexec_told_an_interface_the_other_node_cannot_reach_stops_before_any_rank_starts(tmp_path):
+    """MPI's equivalent of GLOO_SOCKET_IFNAME is the launcher's `-iface`: given loopback across the nodes, Hydra
+    cannot reach node 1's proxy and stops in its own words (diagnose/hangs.md), non-zero, before any rank
+    starts: no hang, no run folder."""
+    with nodes.nodes(2) as names:
+        ran = run_together(launch.nodes_over_a_network(DDP, names, 1, [*QUICK, "--log-dir", tmp_path / "run"],
+                                                       launcher="mpiexec", interface="lo"), timeout=120)
+    (code, out, err), = ran
+    assert code != 0 and "Launch proxy failed" in out + err, (out + err)[-3000:]
+    assert "unable to connect to server 127.0.0.1" in out + err  # node 1's proxy, told loopback
+    assert not (tmp_path / "run").exists()
 
 
 @needs_root

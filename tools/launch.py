@@ -107,7 +107,7 @@ def nodes_over_a_network(example, namespaces, nproc_per_node, args=(), *, launch
     static rendezvous, as PyTorch's multi-node example: the namespaces share the machine's hostname, which a
     c10d rendezvous would take for node 0's). mpiexec (MPICH's Hydra): one, in node 0, over a host list of
     the nodes' addresses; Hydra starts each node's proxy through tools/node_rsh.sh (in the node's namespace)
-    where a cluster uses ssh, and `-iface eth0` makes it, and MPI, use the link; MASTER_ADDR is node 0's
+    where a cluster uses ssh, and `-iface eth0` (`interface`) makes it, and MPI, use the link; MASTER_ADDR is node 0's
     address. horovodrun (--gloo): one, in node 0, over a host list of the nodes' addresses; it reaches the other
     nodes through tools/node_ssh/ssh, first on its PATH, where a cluster uses ssh, and `--network-interface eth0`
     tells the ranks' gloo the link. deepspeed: one, in node 0, over a hostfile of the nodes' addresses, with its
@@ -127,7 +127,7 @@ def nodes_over_a_network(example, namespaces, nproc_per_node, args=(), *, launch
                 for node, name in enumerate(namespaces)]
     if launcher == "mpiexec":
         hosts = ",".join(nodes.address(node) for node in range(len(namespaces)))
-        return [[*in_node0, str(bin_dir / "mpiexec"), "-iface", "eth0", "-launcher", "ssh", "-launcher-exec",
+        return [[*in_node0, str(bin_dir / "mpiexec"), "-iface", interface, "-launcher", "ssh", "-launcher-exec",
                  str(ROOT / "tools" / "node_rsh.sh"), "-hosts", hosts, "-ppn", str(nproc_per_node),
                  "-n", str(len(namespaces) * nproc_per_node), "-genv", "MASTER_ADDR", address,
                  "-genv", "MASTER_PORT", str(port), "-genv", "GLOO_SOCKET_IFNAME", interface,
