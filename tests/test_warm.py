@@ -87,6 +87,16 @@ def test_warm_ranks_get_the_variables_a_real_launch_gives(tmp_path, launcher):
     assert added(run(warm(2, script, tmp_path / "warm", launcher=as_launcher)), tmp_path / "warm") == launched
 
 
+def test_warm_ranks_refuse_a_start_no_launcher_would_make():
+    """Warm ranks start as torchrun's or horovodrun's; across nodes as torchrun's, as many on each node."""
+    with pytest.raises(ValueError, match="torchrun's .*or horovodrun's, not 'mpiexec'"):
+        warm(2, DDP, launcher="mpiexec")
+    with pytest.raises(ValueError, match="across nodes start as torchrun's, not 'horovodrun'"):
+        warm(2, DDP, launcher="horovodrun", nodes=["course-x-node0", "course-x-node1"])
+    with pytest.raises(ValueError, match="the same number on each node, not 3 on 2"):
+        warm(3, DDP, nodes=["course-x-node0", "course-x-node1"])
+
+
 def test_a_warm_run_past_its_timeout_is_killed_and_fails(tmp_path):
     script = tmp_path / "hang.py"
     script.write_text(f"import os, time\nrank = os.environ['RANK']\n"

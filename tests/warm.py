@@ -50,9 +50,10 @@ def warm(nproc, script, *args, launcher=None, nodes=(), interface="eth0"):
     starts them there with GLOO_SOCKET_IFNAME=`interface` (tools/launch.py nodes_over_a_network)."""
     if launcher not in (None, "horovodrun"):
         raise ValueError(f"warm ranks start as torchrun's (the default) or horovodrun's, not {launcher!r}")
-    if nodes and (launcher or nproc % len(nodes)):
-        raise ValueError(f"warm ranks across nodes are torchrun's, the same number on each node: not {nproc} "
-                         f"ranks on {len(nodes)} nodes{' as ' + launcher + chr(39) + 's' if launcher else ''}")
+    if nodes and launcher:
+        raise ValueError(f"warm ranks across nodes start as torchrun's, not {launcher!r}")
+    if nodes and nproc % len(nodes):
+        raise ValueError(f"warm ranks across nodes: the same number on each node, not {nproc} on {len(nodes)}")
     return WarmCommand(nproc, script, args, launcher, nodes, interface)
 
 
