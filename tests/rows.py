@@ -13,12 +13,14 @@ import os
 import runpy
 import sys
 
-from warm import top_level_imports  # (this folder: sys.path[0], until the next lines)
+from warm import preamble  # (this folder: sys.path[0], until the next lines)
 
 script, rows = sys.argv[1], json.loads(sys.argv[2])
 sys.path[0] = os.path.dirname(os.path.abspath(script))
+variables, imports = preamble(script)  # what the lesson sets and imports first, as it would
+os.environ.update(variables)
 threads = len(os.listdir("/proc/self/task"))
-for name in top_level_imports(script):  # the lesson's own top-level imports (not the optional one)
+for name in imports:  # (not the optional plumbing: it sits in a try)
     with contextlib.suppress(ImportError):
         importlib.import_module(name)
 assert len(os.listdir("/proc/self/task")) == threads, "the lesson's imports started threads: a fork would copy them"

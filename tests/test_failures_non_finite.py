@@ -1,7 +1,6 @@
 """A loss that turns NaN or infinite stops the run in one line (the rank, the step, the checkpoint on disk) before
 the epoch's checkpoint is written: a good checkpoint is never replaced by a worse one (course/watch.py).
 --lr 1e30 makes every lesson's loss overflow within a few steps (Adam's too), through the real training code."""
-import functools
 import re
 import shutil
 
@@ -19,7 +18,6 @@ from support import (
     assert_log_dir_sound,
     error_lines,
     metrics,
-    python,
     run,
     warm,
 )
@@ -49,8 +47,7 @@ def test_a_resumed_run_whose_loss_turns_nan_keeps_the_good_checkpoint_on_every_r
 
 @pytest.mark.parametrize("script", [HVD_TORCH, HVD_TF, HVD_KERAS, DS, TP, PP])
 def test_every_lesson_stops_at_a_non_finite_loss_before_any_checkpoint(tmp_path, script):
-    start = python if script in (HVD_TF, HVD_KERAS) else functools.partial(warm, 1)  # (TensorFlow: cold)
-    result = run(start(script, "--epochs", "2", "--max-steps", "8", "--num-threads", "1",
+    result = run(warm(1, script, "--epochs", "2", "--max-steps", "8", "--num-threads", "1",
                        *EXPLODES_BY_SCRIPT.get(script, EXPLODES), "--log-dir", tmp_path / "run"), timeout=180)
     errors = error_lines(result.stderr)
     assert result.returncode == 1 and len(errors) == 1, result.stderr[-3000:]

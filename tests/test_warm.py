@@ -8,7 +8,20 @@ import time
 import psutil
 import pytest
 
-from support import DDP, HVD_TF, HVD_TORCH, QUICK, check, launch_command, metrics, run, summary, warm, without_timing
+from support import (
+    DDP,
+    HVD_KERAS,
+    HVD_TF,
+    HVD_TORCH,
+    QUICK,
+    check,
+    launch_command,
+    metrics,
+    run,
+    summary,
+    warm,
+    without_timing,
+)
 
 ENDINGS = {  # a script's last act -> (how it ends: the exit code as Popen gives it)
     "ok": "print('done')",
@@ -114,11 +127,14 @@ def test_a_warm_run_past_its_timeout_is_killed_and_fails(tmp_path):
 
 
 @pytest.mark.parametrize("script,launcher,flags", [(DDP, "torchrun", QUICK), (HVD_TORCH, "horovodrun", QUICK),
-                                                   (HVD_TF, "horovodrun", [*QUICK, "--dropout", "0"])],
-                         ids=["ddp", "horovod-pytorch", "horovod-tensorflow"])  # (the launched run: shared_run's)
+                                                   (HVD_TF, "horovodrun", [*QUICK, "--dropout", "0"]),
+                                                   (HVD_KERAS, "horovodrun", QUICK)],
+                         ids=["ddp", "horovod-pytorch", "horovod-tensorflow", "horovod-keras"])  # (shared_run's)
 def test_two_warm_ranks_end_as_a_launched_run_digit_for_digit(shared_run, tmp_path, script, launcher, flags):
     """The lesson's QUICK run: the same weights and the same metrics as the 2-rank run under its launcher.
-    (TensorFlow's ranks fork from a server of their own, which imported TensorFlow and no torch.)"""
+    (TensorFlow's ranks fork from a server of their own, which imported TensorFlow and no torch; the Keras lesson's
+    from one that imported it with the variable the lesson sets first, TF_USE_LEGACY_KERAS, and not Horovod's Keras
+    module, which the lesson imports after it makes `keras` mean tf_keras: warm.preamble.)"""
     launched = shared_run(script, launcher, flags)[0]
     check(run(warm(2, script, *flags, "--log-dir", tmp_path, launcher={"horovodrun": "horovodrun"}.get(launcher))))
     assert summary(tmp_path)["param_checksums"] == summary(launched)["param_checksums"]

@@ -59,7 +59,7 @@ def warm(nproc, script, *args, launcher=None, nodes=(), interface="eth0"):
 
 # ---- the client: in the test's process ------------------------------------------------------------------------
 
-_servers = {}  # what it preloaded ("torch", "tensorflow") -> the server
+_servers = {}  # _kind's (what it preloaded: "torch" or "tensorflow", the variables set before, modules) -> it
 
 
 def _the_server(kind):
@@ -67,8 +67,10 @@ def _the_server(kind):
     if server is None or server.poll() is not None:
         folder = Path(tempfile.mkdtemp(prefix="warm-"))
         env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "PYTHONPATH")}
+        env.update(kind[1])  # (what the lesson sets before its first import: its imports read them)
         with open(folder / "stderr", "w") as err:  # (TensorFlow's import talks: kept for a server that fails)
-            server = subprocess.Popen([sys.executable, __file__, str(folder / "socket"), kind], env=env, cwd=ROOT,
+            server = subprocess.Popen([sys.executable, __file__, str(folder / "socket"), kind[0], *kind[2]], env=env,
+                                      cwd=ROOT,
                                       stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err, text=True,
                                       start_new_session=True)
         ready = server.stdout.readline()
@@ -80,7 +82,7 @@ def _the_server(kind):
 
 
 def top_level_imports(script):
-    """The modules a lesson imports at its top level, by absolute name (tests/rows.py imports them before it forks)."""
+    """The modules a lesson imports at its top level, by absolute name."""
     import ast
     names = []
     for node in ast.parse(Path(script).read_text()).body:
@@ -89,12 +91,39 @@ def top_level_imports(script):
     return names
 
 
+def preamble(script):
+    """(variables, modules): what a process that imports a lesson's modules ahead of it (a warm server,
+    tests/rows.py) may set and import first, as the lesson itself would. The variables it sets at its top level
+    (`os.environ["NAME"] = "value"`: keras_main.py's TF_USE_LEGACY_KERAS, which TensorFlow reads as it is imported),
+    and its top-level imports up to its first `sys.modules[...] = ...` (keras_main.py makes `keras` mean tf_keras
+    before it imports Horovod's Keras module, which binds `keras` as it is imported)."""
+    import ast
+    variables, names = {}, []
+    for node in ast.parse(Path(script).read_text()).body:
+        target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None
+        if isinstance(target, ast.Subscript) and ast.unparse(target.value) == "sys.modules":
+            break
+        if isinstance(target, ast.Subscript) and ast.unparse(target.value) == "os.environ" and \
+                isinstance(target.slice, ast.Constant) and isinstance(node.value, ast.Constant):
+            variables[target.slice.value] = node.value.value
+        names += [a.name for a in node.names] if isinstance(node, ast.Import) else \
+            [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 else []
+    return variables, names
+
+
+TENSORFLOW = ("tensorflow", "tf_keras", "keras", "horovod.tensorflow", "horovod.tensorflow.keras")  # (preloaded)
+
+
 @functools.lru_cache(maxsize=None)
 def _kind(script):
-    """The server a lesson's ranks fork from: TensorFlow's for a lesson that imports it at its top level (a
-    process that has imported torch and its optimizer's triton must not load TensorFlow: tests/conftest.py),
-    torch's for every other. Read once per lesson file, not once per rank."""
-    return "tensorflow" if any(n.split(".")[0] == "tensorflow" for n in top_level_imports(script)) else "torch"
+    """The server a lesson's ranks fork from: (kind, variables, modules). TensorFlow's for a lesson that imports
+    it at its top level (a process that has imported torch and its optimizer's triton must not load TensorFlow:
+    tests/conftest.py), with the variables the lesson sets first and those of its TensorFlow, Keras and Horovod
+    imports that preamble() allows, in its order; torch's for every other. Read once per lesson file."""
+    variables, names = preamble(script)
+    if not any(n.split(".")[0] == "tensorflow" for n in top_level_imports(script)):
+        return "torch", tuple(sorted(variables.items())), ()
+    return "tensorflow", tuple(sorted(variables.items())), tuple(n for n in names if n in TENSORFLOW)
 
 
 def _start(argv, env, cwd, stdout, stderr, netns=None):
@@ -232,14 +261,15 @@ def _preload():
     return openblas
 
 
-def _preload_tensorflow():
-    """What a Horovod TensorFlow lesson imports first: TensorFlow, Keras and Horovod's TensorFlow ops. An import
-    starts no thread of TensorFlow's runtime (that starts with the first operation, in the child)."""
+def _preload_tensorflow(modules):
+    """What a Horovod TensorFlow lesson imports first (_kind: TensorFlow, Keras, Horovod's TensorFlow ops), in its
+    order. An import starts no thread of TensorFlow's runtime (that starts with the first operation, in the child)."""
+    import importlib
+
     import numpy  # noqa: F401
     openblas = _threads()
-    import horovod.tensorflow
-    import horovod.tensorflow.keras  # noqa: F401
-    import tensorflow as tf  # noqa: F401
+    for name in modules:
+        importlib.import_module(name)
     return openblas
 
 
@@ -247,8 +277,8 @@ def _threads():
     return len(os.listdir("/proc/self/task"))
 
 
-def serve(socket_path, kind="torch"):
-    threads = _preload_tensorflow() if kind == "tensorflow" else _preload()
+def serve(socket_path, kind="torch", *modules):
+    threads = _preload_tensorflow(modules) if kind == "tensorflow" else _preload()
     if _threads() > threads:
         raise SystemExit(f"warm server: {_threads() - threads} threads started by torch; a fork would copy them"
                          " half-alive")
