@@ -18,7 +18,6 @@ from support import (
     error_lines,
     free_port,
     horovodrun,
-    python,
     run,
     signal_rank_1,
     torchrun,
@@ -87,8 +86,8 @@ def test_ranks_waiting_for_one_that_never_joined_say_so_at_the_lessons_line(tmp_
     def rank(r):
         env = {"RANK": str(r), "WORLD_SIZE": "3", "LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": "3",
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "TORCHELASTIC_RUN_ID": "test"}
-        return run(python(DDP, "--dist-timeout", "5", "--log-dir", tmp_path / "empty" / "log"), env=env,
-                   timeout=120)
+        return run(warm(1, DDP, "--dist-timeout", "5", "--log-dir", tmp_path / "empty" / "log"), env=env,
+                   timeout=120)  # (each a process of its own, given a launcher's variables by hand)
     with ThreadPoolExecutor(2) as pool:
         results = list(pool.map(rank, (0, 1)))
     assert (tmp_path / "empty").is_dir() and not (tmp_path / "empty" / "log").exists()

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from support import BIN, DDP, DS, LAUNCHED, ROOT, kill_tree, launchers_in, python, run, torchrun
+from support import BIN, DDP, DS, LAUNCHED, ROOT, kill_tree, launchers_in, run, torchrun, warm
 
 DIAGNOSE_DEADLINE_S = 60
 HOOKS = str(ROOT / "tests" / "hooks")
@@ -210,7 +210,8 @@ def data_order(tmp_path, tiny, plant):
     folder = tmp_path / ("planted" if plant else "as-written")
     env = {"COURSE_DATA_ORDER": str(folder), **({"COURSE_PLANT": plant} if plant else {})}
     result = run(
-        python(
+        warm(
+            1,
             DDP,
             "--epochs",
             "3",

@@ -29,7 +29,6 @@ from support import (
     kill_tree,
     launchers_in,
     mpiexec,
-    python,
     ranks_of,
     run,
     stopped_epoch,
@@ -202,7 +201,7 @@ def test_stopped_in_the_first_epoch_keeps_its_folder_as_evidence(tmp_path):
     assert (log_dir / "config.json").is_file() and list(log_dir.glob("events.out.tfevents.*"))
     ended = (log_dir / "ending.txt").read_text().splitlines()
     assert len(ended) == 2 and all("exit 130: stopped: rank" in line for line in ended), ended
-    rerun = check(run(python(DDP, "--epochs", "1", "--max-steps", "2", "--num-threads", "1", "--log-dir", log_dir),
+    rerun = check(run(warm(1, DDP, "--epochs", "1", "--max-steps", "2", "--num-threads", "1", "--log-dir", log_dir),
                       timeout=120))
     assert f"{log_dir} holds a run that ended badly (ending.txt: " in rerun.stdout
     assert "starts at epoch 1" in rerun.stdout and not (log_dir / "ending.txt").exists()

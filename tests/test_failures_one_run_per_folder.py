@@ -26,7 +26,6 @@ from support import (
     kill_tree,
     launchers_in,
     mpiexec,
-    python,
     run,
     warm,
 )
@@ -102,4 +101,4 @@ def test_every_launcher_refuses_a_held_folder_on_both_ranks(tmp_path, script, la
         holder.send_signal(signal.SIGKILL)
         holder.wait()
     if launcher is mpiexec and script == DDP:  # the lock died with its holder
-        check(run(python(script, *SHORT, "--log-dir", tmp_path / "run"), timeout=120))
+        check(run(warm(1, script, *SHORT, "--log-dir", tmp_path / "run"), timeout=120))
