@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent  # the venv's bin: torchrun, mpiexec, horovodrun, deepspeed
 sys.path.append(str(ROOT))  # after site-packages: `import horovod` stays the library
+import events
 from course.ranks import free_port  # noqa: F401  (the tests import it from here)
 from tools.launch import EXAMPLES, launch_command
 from utils import data
@@ -229,23 +231,9 @@ def horovodrun(nproc, script, *args, controller="--gloo"):
     return launch_command(script, nproc, "horovodrun" if controller == "--gloo" else "horovodrun-mpi", args)
 
 
-READ_EVENTS = """
-import json, sys
-from pathlib import Path
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-found = {}
-for path in sys.argv[1:]:
-    acc = EventAccumulator(path, size_guidance={"scalars": 0})
-    acc.Reload()
-    for tag in acc.Tags()["scalars"]:
-        found.setdefault(tag, {}).update({e.step: e.value for e in acc.Scalars(tag)})
-print(json.dumps(found))
-"""
-
-
 def event_scalars(log_dir, tensorflow=False):
     """(event files, {tag: {step: value}}) from the TensorBoard event files in log_dir, read with TensorBoard's own
-    reader (EventAccumulator). By default in this process, as TensorBoard reads them where TensorFlow is not
+    reader (tests/events.py). By default in this process, as TensorBoard reads them where TensorFlow is not
     installed: its own stub of TensorFlow's record reader (checksums and all), which it takes whenever a module
     `tensorboard.compat.notf` exists (its no_tensorflow build). tensorflow=True: in a child process, where that
     reader imports TensorFlow, as a TensorBoard beside TensorFlow reads them (4.9 s of TensorFlow's start-up; and
@@ -255,28 +243,15 @@ def event_scalars(log_dir, tensorflow=False):
     if not files:
         return files, {}
     if tensorflow:
-        result = run([sys.executable, "-c", READ_EVENTS, *files], timeout=180)
+        result = run([sys.executable, events.__file__, *files], timeout=180)
         assert result.returncode == 0, result.stderr[-3000:]
         found = json.loads(result.stdout.strip().splitlines()[-1])
-    else:
-        found = {tag: {str(step): value for step, value in steps.items()}
-                 for tag, steps in _read_events_without_tensorflow(files).items()}
-    return files, {tag: {int(step): value for step, value in steps.items()} for tag, steps in found.items()}
-
-
-def _read_events_without_tensorflow(files):
-    import types
+        return files, {tag: {int(step): value for step, value in steps.items()} for tag, steps in found.items()}
     if "tensorboard.compat.notf" not in sys.modules:  # (before TensorBoard's compat layer first picks its tf)
         sys.modules["tensorboard.compat.notf"] = types.ModuleType("tensorboard.compat.notf")
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    found = {}
-    for path in files:
-        acc = EventAccumulator(str(path), size_guidance={"scalars": 0})
-        acc.Reload()
-        for tag in acc.Tags()["scalars"]:
-            found.setdefault(tag, {}).update({e.step: e.value for e in acc.Scalars(tag)})
+    found = events.scalars(files)
     assert "tensorflow" not in sys.modules, "TensorBoard's reader imported TensorFlow into the test process"
-    return found
+    return files, found
 
 
 def assert_event_epochs(log_dir):

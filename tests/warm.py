@@ -16,6 +16,7 @@ Which tests start warm, and which keep their launcher: tests/README.md.
 
     run(warm(2, "DDP/main.py", "--epochs", "1"))     # as run(torchrun(2, ...)): a CompletedProcess
 """
+import ast
 import functools
 import io
 import json
@@ -69,10 +70,9 @@ def _the_server(kind):
         env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "PYTHONPATH")}
         env.update(kind[1])  # (what the lesson sets before its first import: its imports read them)
         with open(folder / "stderr", "w") as err:  # (TensorFlow's import talks: kept for a server that fails)
-            server = subprocess.Popen([sys.executable, __file__, str(folder / "socket"), kind[0], *kind[2]], env=env,
-                                      cwd=ROOT,
-                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err, text=True,
-                                      start_new_session=True)
+            server = subprocess.Popen([sys.executable, __file__, str(folder / "socket"), kind[0], *kind[2]],
+                                      env=env, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                      stderr=err, text=True, start_new_session=True)
         ready = server.stdout.readline()
         if not ready.startswith("ready "):
             raise RuntimeError(f"the warm server did not start: {ready!r}\n{(folder / 'stderr').read_text()}")
@@ -81,14 +81,15 @@ def _the_server(kind):
     return server
 
 
+def _imported(node):
+    """The modules a statement imports, by absolute name (none for any other statement)."""
+    return [a.name for a in node.names] if isinstance(node, ast.Import) else \
+        [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 else []
+
+
 def top_level_imports(script):
     """The modules a lesson imports at its top level, by absolute name."""
-    import ast
-    names = []
-    for node in ast.parse(Path(script).read_text()).body:
-        names += [a.name for a in node.names] if isinstance(node, ast.Import) else \
-            [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 else []
-    return names
+    return [name for node in ast.parse(Path(script).read_text()).body for name in _imported(node)]
 
 
 def preamble(script):
@@ -97,7 +98,6 @@ def preamble(script):
     (`os.environ["NAME"] = "value"`: keras_main.py's TF_USE_LEGACY_KERAS, which TensorFlow reads as it is imported),
     and its top-level imports up to its first `sys.modules[...] = ...` (keras_main.py makes `keras` mean tf_keras
     before it imports Horovod's Keras module, which binds `keras` as it is imported)."""
-    import ast
     variables, names = {}, []
     for node in ast.parse(Path(script).read_text()).body:
         target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None
@@ -106,8 +106,7 @@ def preamble(script):
         if isinstance(target, ast.Subscript) and ast.unparse(target.value) == "os.environ" and \
                 isinstance(target.slice, ast.Constant) and isinstance(node.value, ast.Constant):
             variables[target.slice.value] = node.value.value
-        names += [a.name for a in node.names] if isinstance(node, ast.Import) else \
-            [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 else []
+        names += _imported(node)
     return variables, names
 
 
