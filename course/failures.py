@@ -26,10 +26,11 @@ def note_args(args):
 
 # What the frameworks raise on a rank whose peer died or stopped answering: torch.distributed's
 # Dist*Error classes, Horovod's HorovodInternalError, plain RuntimeErrors (or TF's) from gloo/Horovod.
+# (MPI's abort after a lost peer empties Horovod PyTorch's pending operations: "Handle N ... cleared.")
 PEER_ERROR_TYPES = ("DistError", "DistBackendError", "DistNetworkError", "DistStoreError",
                     "HorovodInternalError")
-PEER_ERROR_TEXTS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
-                    "Timed out waiting", "timed out", "Horovod has been shut down", "gloo")
+PEER_ERROR_TEXTS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Timed out waiting",
+                    "timed out", "Horovod has been shut down", "gloo", "was not created or has been cleared")
 TIMEOUT_TEXTS = ("Timed out", "timed out", "Timeout", "timeout")
 ROOT, HANGS_PAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "diagnose/hangs.md"
 

@@ -12,6 +12,7 @@ from support import (
     KILL_LAUNCHES,
     LONG,
     PP,
+    ROOT,
     TP,
     assert_log_dir_sound,
     assert_no_traceback_through_the_example,
@@ -36,6 +37,38 @@ def test_sigkill_of_one_rank_ends_the_whole_job(tmp_path, script, launcher):
     assert_log_dir_sound(tmp_path / "log")
     assert_no_traceback_through_the_example(output)
 
+
+TORN_DOWN = """import sys
+sys.path.append(sys.argv[1])
+import horovod.torch as hvd
+import torch
+from course import failures
+
+
+def main():
+    hvd.init()
+    pending = hvd.allreduce_async(torch.ones(3), name="grad")
+    hvd.mpi_ops.mpi_lib.horovod_torch_reset()  # what the process's exit does to the table of pending ones
+    hvd.synchronize(pending)  # (in the lesson: optimizer.step())
+
+
+failures.run_main(main)
+"""
+
+
+def test_a_horovod_wait_torn_down_by_mpis_abort_is_one_line(tmp_path):
+    """Under mpiexec, rank 1's SIGKILL fails rank 0's MPI_Allreduce on Horovod's thread, and MPI's abort exits the
+    process from there; before mpiexec's kill lands, the exit empties Horovod PyTorch's table of pending operations
+    under the lesson's wait: ValueError "Handle N was not created or has been cleared." (make test-all, 2026-12-06:
+    a traceback through horovod/pytorch/main.py, test_sigkill_of_one_rank_ends_the_whole_job[hvd-torch-mpiexec]).
+    Here Horovod's own reset empties it, so the timing is certain: one line that says a peer was lost, exit 1."""
+    (tmp_path / "rank.py").write_text(TORN_DOWN)
+    result = run(warm(1, tmp_path / "rank.py", ROOT), timeout=120)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert [line for line in result.stderr.splitlines() if line.strip()] == [
+        "error: rank 0 lost contact with another rank before any training step it reported (it died, or hung past "
+        "the collective timeout): Handle 1 was not created or has been cleared."], result.stderr[-3000:]
 
 
 @pytest.mark.serial  # a deadline in seconds: measured alone on the machine
