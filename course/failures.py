@@ -24,13 +24,13 @@ def note_args(args):
     _ARGS[:] = [args]
 
 
-# What the frameworks raise on a rank whose peer died or stopped answering: torch.distributed's
-# Dist*Error classes, Horovod's HorovodInternalError, plain RuntimeErrors (or TF's) from gloo/Horovod.
-# (MPI's abort after a lost peer empties Horovod PyTorch's pending operations: "Handle N ... cleared.")
-PEER_ERROR_TYPES = ("DistError", "DistBackendError", "DistNetworkError", "DistStoreError",
-                    "HorovodInternalError")
+# What the frameworks raise on a rank whose peer died or stopped answering: torch.distributed's Dist*Error
+# classes, Horovod's HorovodInternalError, RuntimeErrors (or TF's) from gloo/Horovod; gloo's pair a timeout closed,
+# under the next wait ("... pair closure"); Horovod PyTorch's pending operations that MPI's abort emptied.
+PEER_ERROR_TYPES = ("DistError", "DistBackendError", "DistNetworkError", "DistStoreError", "HorovodInternalError")
 PEER_ERROR_TEXTS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Timed out waiting",
-                    "timed out", "Horovod has been shut down", "gloo", "was not created or has been cleared")
+                    "timed out", "Horovod has been shut down", "gloo", "Application timeout caused pair closure",
+                    "was not created or has been cleared")
 TIMEOUT_TEXTS = ("Timed out", "timed out", "Timeout", "timeout")
 ROOT, HANGS_PAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "diagnose/hangs.md"
 

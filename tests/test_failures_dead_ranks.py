@@ -71,6 +71,46 @@ def test_a_horovod_wait_torn_down_by_mpis_abort_is_one_line(tmp_path):
         "the collective timeout): Handle 1 was not created or has been cleared."], result.stderr[-3000:]
 
 
+PAIR_CLOSED = """import argparse, os, sys, time
+from datetime import timedelta
+sys.path.append(sys.argv[1])
+import torch
+import torch.distributed as dist
+from course import failures
+
+
+def main():
+    failures.note_args(argparse.Namespace(dist_timeout=2))
+    dist.init_process_group("gloo", timeout=timedelta(seconds=2))
+    if dist.get_rank() == 1:  # silent past rank 0's timeout
+        time.sleep(5)
+        os._exit(0)
+    try:
+        dist.all_reduce(torch.ones(1000))  # "Timed out waiting 2000ms": gloo closes the pair...
+    except RuntimeError:
+        pass  # (in DDP: the bucket whose wait on gloo's other thread came first)
+    dist.all_reduce(torch.ones(1000))  # ...and the next wait on it says why it is closed
+
+
+failures.run_main(main)
+"""
+
+
+def test_a_wait_on_the_pair_a_timeout_closed_is_one_line(tmp_path):
+    """A hung rank 1 under DDP: each bucket's all-reduce waits on one of gloo's threads; the first to time out closes
+    the pair, and the wait the lesson meets may be the other one: RuntimeError "Application timeout caused pair
+    closure" (make test K=ddp, 2026-12-06: a traceback through DDP/main.py in
+    test_a_hung_rank_ends_the_job_after_the_collective_timeout[ddp-torchrun]). Here the next collective meets the
+    closed pair every time: rank 0 says it waited, in one line, exit 1."""
+    (tmp_path / "ranks.py").write_text(PAIR_CLOSED)
+    result = run(warm(2, tmp_path / "ranks.py", ROOT), timeout=120)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    errors = error_lines(result.stderr)
+    assert len(errors) == 1 and re.match(r"error: rank 0 waited 2 s .*\[Application timeout caused pair closure\]$",
+                                         errors[0]), result.stderr[-3000:]
+
+
 @pytest.mark.serial  # a deadline in seconds: measured alone on the machine
 @pytest.mark.parametrize("script,launcher", [pytest.param(DDP, torchrun, id="ddp-torchrun"),
                                              pytest.param(DS, torchrun, id="deepspeed-torchrun", marks=LONG),
